@@ -1,0 +1,24 @@
+"""CLI: python -m data_prep <acdc|promise12|nifti|synthetic|demo> ... (see data_prep/README.md)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    import fire
+
+    from .cli import COMMANDS
+    from .common import DataPrepError, setup_logging
+
+    setup_logging()
+    try:
+        fire.Fire(COMMANDS, command=argv, name="python -m data_prep")
+    except DataPrepError as e:
+        print(f"data_prep: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
