@@ -35,7 +35,6 @@ def setup_logging(level: int = logging.INFO) -> None:
         h.setFormatter(logging.Formatter("[data_prep] %(message)s"))
         log.addHandler(h)
     log.setLevel(level)
-    log.propagate = False
 
 
 # ----------------------------------------------------------------------------------------- reading
