@@ -70,8 +70,13 @@ def prepare_into(src, out_dir, cases, size, split, seeds: Sequence[int], split_s
     else:
         split_name = f"seeded:{int(split_seed)}"
         sp = seeded_split({c: "all" for c in ids}, scans_of, PROMISE_FRACTIONS, split_seed, PROMISE_COUNTS, seeds)
-    if any(img.name.endswith(".mhd") for _, img, _ in cases):
+    mhd = [img for _, img, _ in cases if img.name.endswith(".mhd")]
+    if mhd:
         log.info("promise12: reading MetaImage with itk; the shared copy's headers carry a 1 mm placeholder spacing")
+        # load itk's IO modules once here: forked workers inherit them instead of each paying ~7 s
+        from .common import read_metaimage
+
+        read_metaimage(mhd[0])
     jobs = [ScanJob(c, str(img), str(seg), str(out_dir), int(size), "resize", (0, 1)) for c, img, seg in cases]
     res = run_jobs(jobs, workers)
     items = {}

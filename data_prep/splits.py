@@ -119,7 +119,9 @@ def apply_split_file(
             # split file without labelled subsets: draw them
             labelled.update(draw_labelled(split["training"], present, [c for c in counts], [s]))
             continue
-        largest = ref[max(counts)]
+        largest: list[str] = []  # stored subsets merged in count order (nested files: the largest one)
+        for c in sorted(counts):
+            largest += [x for x in ref[c] if x not in largest]
         taken = {scan_patient[x] for x in largest}
         extra_units = [p for p in split["training"] if p not in taken]
         n_extra = min(max(counts), len(extra_units))
