@@ -13,7 +13,7 @@ def main(argv=None) -> int:
 
     setup_logging()
     try:
-        fire.Fire(COMMANDS, command=argv, name="python -m data_prep")
+        fire.Fire(COMMANDS, command=argv, name="data_prep")
     except DataPrepError as e:
         print(f"data_prep: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,6 @@ from .common import (
     nifti_stem,
     parse_int_list,
     slice_partition,
-    split_counts,
     stratified_split,
     write_json,
 )
@@ -108,7 +107,6 @@ def prepare(
         res = run_jobs(jobs, workers)
         labelled_ids = [s for s, _, l in scans if l is not None]
         if labelled_ids:
-            _, n_val, n_test = split_counts(len(labelled_ids), *ACDC_FRACTIONS)
             sp = stratified_split({s: "all" for s in labelled_ids}, *ACDC_FRACTIONS, seed=split_seed)
             held = set(sp["validation"]) | set(sp["test"])
             train = sorted(s for s, _, _ in scans if s not in held)
