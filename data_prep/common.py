@@ -12,7 +12,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -436,7 +436,3 @@ def parallel_map(fn, jobs: list, workers: int | None = None) -> list:
     with ctx.Pool(workers) as pool:
         return pool.map(fn, jobs, chunksize=1)
 
-
-def iter_chunks(seq: Sequence, n: int) -> Iterable[Sequence]:
-    for i in range(0, len(seq), n):
-        yield seq[i : i + n]

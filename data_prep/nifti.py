@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
 from .common import (
     DataPrepError,

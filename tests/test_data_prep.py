@@ -11,7 +11,7 @@ import pytest
 from monai.data import load_decathlon_datalist
 
 import data_prep
-from data_prep import DataPrepError, read_datalist
+from data_prep import read_datalist
 from data_prep import demo as demo_mod
 from data_prep import nifti as nifti_mod
 from data_prep import synthetic
