@@ -1,0 +1,172 @@
+"""Training utilities shared by the bundles: LR schedule, random state, atomic saving, resume, progress."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from ignite.engine import Engine, Events
+
+logger = logging.getLogger("bim")
+
+
+def warmup_cosine_factor(iteration: int, total_iterations: int, warmup_iterations: int, start_ratio: float) -> float:
+    """The paper's schedule as a factor of the peak learning rate ``lr_peak``.
+
+    Warm-up (linear over the first ``warmup_iterations``): ``lr = lr_peak * (r + (1 - r) * t / T_w)``, from
+    ``r * lr_peak`` (the paper: lr = lr_peak / N with N = 400 for pre-training, 200 for fine-tuning) to
+    ``lr_peak``; then cosine decay ``lr = lr_peak * (1 + cos(pi * (t - T_w) / (T - T_w))) / 2`` to 0 at ``T``.
+    """
+    if iteration < warmup_iterations:
+        return start_ratio + (1.0 - start_ratio) * iteration / max(1, warmup_iterations)
+    span = max(1, total_iterations - warmup_iterations)
+    progress = min(1.0, (iteration - warmup_iterations) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class WarmupCosine:
+    """Picklable lambda for :class:`torch.optim.lr_scheduler.LambdaLR` (see :func:`warmup_cosine_factor`)."""
+
+    def __init__(self, total_iterations: int, warmup_iterations: int, start_ratio: float = 1 / 400):
+        if total_iterations < 1:
+            raise ValueError(f"total_iterations must be >= 1, got {total_iterations}")
+        if not 0 < start_ratio <= 1:
+            raise ValueError(f"start_ratio must be in (0, 1], got {start_ratio}")
+        self.total_iterations = int(total_iterations)
+        self.warmup_iterations = int(min(warmup_iterations, total_iterations))
+        self.start_ratio = float(start_ratio)
+
+    def __call__(self, iteration: int) -> float:
+        return warmup_cosine_factor(iteration, self.total_iterations, self.warmup_iterations, self.start_ratio)
+
+
+def warmup_cosine_scheduler(optimizer, epochs: int, iters_per_epoch: int, warmup_epochs: int, start_ratio: float):
+    """LambdaLR stepping once per iteration: warm-up over ``warmup_epochs``, cosine over the rest."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(epochs * iters_per_epoch, warmup_epochs * iters_per_epoch, start_ratio)
+    )
+
+
+class RandomState:
+    """The random state a run depends on (the sampling/augmentation generator and torch's global RNGs),
+    with ``state_dict``/``load_state_dict`` so checkpoints resume the exact random stream."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self) -> dict:
+        state = {"generator": self.generator.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"].cpu())
+        torch.set_rng_state(state["torch"].cpu())
+        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def bf16_autocast(device: torch.device | str, enabled: bool = True):
+    """bf16 autocast where it pays: on CUDA devices. On the CPU it is a no-op (bf16 convolutions without
+    hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores)."""
+    device_type = torch.device(device).type
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bool(enabled) and device_type == "cuda")
+
+
+def make_generator(seed: int) -> torch.Generator:
+    """A CPU generator for sampling and augmentation parameters (identical streams on every device)."""
+    return torch.Generator().manual_seed(int(seed))
+
+
+def atomic_save(obj, path: str | os.PathLike) -> Path:
+    """``torch.save`` to a temporary file in the same folder, then rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _is_main_process() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+class CheckpointEveryN:
+    """Saves the engine (as ``trainer``) and ``save_dict`` (objects with ``state_dict``) atomically to ``save_dir/checkpoint_last.pt`` every
+    ``interval`` iterations (the previous one is replaced), and to ``checkpoint_final.pt`` at the end."""
+
+    def __init__(self, save_dir: str, save_dict: dict, interval: int = 200, final: bool = True):
+        if interval < 1:
+            raise ValueError(f"checkpoint interval must be >= 1, got {interval}")
+        self.save_dir, self.save_dict, self.interval, self.final = Path(save_dir), save_dict, interval, final
+
+    def attach(self, engine: Engine) -> None:
+        self.save_dict = {"trainer": engine, **self.save_dict}
+        engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.interval), self.save, "checkpoint_last.pt")
+        if self.final:
+            engine.add_event_handler(Events.COMPLETED, self.save, "checkpoint_final.pt")
+
+    def save(self, engine: Engine, name: str) -> None:
+        if not _is_main_process():
+            return
+        state = {k: v.state_dict() for k, v in self.save_dict.items()}
+        atomic_save(state, self.save_dir / name)
+
+
+class ResumeFromCheckpoint:
+    """Resumes a run from ``path`` (a ``checkpoint_*.pt`` written by :class:`CheckpointEveryN`; ``"auto"``
+    picks ``save_dir/checkpoint_last.pt`` when it exists; ``None`` does nothing). Loads with
+    ``weights_only=True`` through MONAI's :class:`CheckpointLoader` (trainer iteration/epoch, network,
+    optimiser, LR scheduler, random state); the engine it is attached to is restored as ``trainer``."""
+
+    def __init__(self, path: str | None, load_dict: dict, save_dir: str | None = None, map_location=None):
+        self.path, self.load_dict, self.save_dir, self.map_location = path, load_dict, save_dir, map_location
+
+    def resolve(self) -> Path | None:
+        if self.path in (None, "", "None", "null", False):
+            return None
+        if self.path == "auto":
+            candidate = Path(self.save_dir or ".") / "checkpoint_last.pt"
+            return candidate if candidate.is_file() else None
+        path = Path(self.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"resume_from: checkpoint {path} does not exist")
+        return path
+
+    def attach(self, engine: Engine) -> None:
+        path = self.resolve()
+        if path is None:
+            return
+        from monai.handlers import CheckpointLoader
+
+        logger.info(f"resuming from {path}")
+        load_dict = {"trainer": engine, **self.load_dict}
+        CheckpointLoader(str(path), load_dict, map_location=self.map_location).attach(engine)
+
+
+class IterationProgressBar:
+    """A tqdm progress bar over iterations (Ignite's :class:`ProgressBar`) that stays quiet when stdout is not
+    a terminal and never synchronises the GPU (it shows no loss)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def attach(self, engine: Engine) -> None:
+        import sys
+
+        if not self.enabled or not sys.stderr.isatty() or not _is_main_process():
+            return
+        from ignite.handlers import ProgressBar
+
+        ProgressBar(persist=False).attach(engine)

@@ -1,0 +1,158 @@
+"""Batched geometric and intensity augmentation that runs where the data lives (the GPU in training).
+
+All geometric work is expressed as 3x3 homogeneous matrices acting on *normalised* coordinates
+([-1, 1], ``align_corners=False``) of the output grid and mapping them to normalised input coordinates, so a
+random crop, a flip, a rotation, a scaling and a translation compose into one matrix product and one
+``grid_sample`` call per batch. Random parameters are drawn from a CPU :class:`torch.Generator` (cheap: a few
+numbers per image), which makes runs reproducible across devices and lets checkpoints store the state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def _uniform(n: int, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
+    return low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
+
+
+def crop_matrices(
+    batch: int,
+    in_hw: tuple[int, int],
+    out_hw: tuple[int, int],
+    generator: torch.Generator | None = None,
+    random: bool = True,
+) -> torch.Tensor:
+    """Matrices [B, 3, 3] that take an ``out_hw`` window from an ``in_hw`` image at integer pixel offsets.
+
+    Where the output is larger than the input the image is padded (zeros) and placed at a random offset.
+    ``random=False`` gives the centre crop/pad. Offsets are whole pixels, so no interpolation blur occurs.
+    """
+    mats = torch.zeros(batch, 3, 3, dtype=torch.float64)
+    mats[:, 2, 2] = 1.0
+    for axis, (size_in, size_out) in enumerate(zip(in_hw, out_hw)):
+        # axis 0 is H (normalised y, row 1 of the matrix), axis 1 is W (normalised x, row 0).
+        row = 1 - axis
+        slack = size_in - size_out
+        if random and slack != 0:
+            offset = torch.randint(0, abs(slack) + 1, (batch,), generator=generator).to(torch.float64)
+            offset = offset * (1 if slack > 0 else -1)
+        else:
+            offset = torch.full((batch,), float(slack // 2) if slack > 0 else -float((-slack) // 2), dtype=torch.float64)
+        mats[:, row, row] = size_out / size_in
+        mats[:, row, 2] = (2 * offset - slack) / size_in
+    return mats
+
+
+def random_affine_matrices(
+    batch: int,
+    generator: torch.Generator | None = None,
+    scale_range: tuple[float, float] = (0.8, 1.3),
+    max_rotation_deg: float = 45.0,
+    max_translation: float = 0.1,
+    flip_prob: float = 0.0,
+) -> torch.Tensor:
+    """Random similarity transforms [B, 3, 3] of the output grid (the paper's affine part of T).
+
+    Zoom factor s in ``scale_range`` (s > 1 enlarges the content), rotation in ``±max_rotation_deg``,
+    translation in ``±max_translation`` of the image size, optional horizontal/vertical flips.
+    """
+    scale = _uniform(batch, *scale_range, generator)
+    angle = _uniform(batch, -max_rotation_deg, max_rotation_deg, generator) * math.pi / 180.0
+    shift = _uniform(2 * batch, -max_translation, max_translation, generator).view(batch, 2) * 2.0
+    flips = torch.ones(batch, 2, dtype=torch.float64)
+    if flip_prob > 0:
+        flips = torch.where(torch.rand(batch, 2, generator=generator, dtype=torch.float64) < flip_prob, -1.0, 1.0)
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    mats = torch.zeros(batch, 3, 3, dtype=torch.float64)
+    mats[:, 0, 0], mats[:, 0, 1] = cos * flips[:, 0], -sin * flips[:, 1]
+    mats[:, 1, 0], mats[:, 1, 1] = sin * flips[:, 0], cos * flips[:, 1]
+    mats[:, :2, 2] = shift
+    mats[:, 2, 2] = 1.0
+    return mats
+
+
+def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None = None, mode: str = "bilinear") -> torch.Tensor:
+    """Resample ``x`` [B, C, H, W] on the grid given by ``matrices`` [B, 3, 3] (zero padding outside)."""
+    if x.ndim != 4:
+        raise ValueError(f"warp expects a [B, C, H, W] tensor, got shape {tuple(x.shape)}")
+    out_hw = tuple(x.shape[-2:]) if out_hw is None else tuple(out_hw)
+    theta = matrices[:, :2, :].to(device=x.device, dtype=torch.float32)
+    grid = F.affine_grid(theta, [x.shape[0], 1, *out_hw], align_corners=False)
+    if x.dtype in (torch.uint8, torch.int64, torch.int32, torch.bool):
+        if mode != "nearest":
+            raise ValueError("integer tensors (labels) can only be warped with mode='nearest'")
+        return F.grid_sample(x.float(), grid, mode="nearest", align_corners=False).to(x.dtype)
+    return F.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode="zeros", align_corners=False)
+
+
+def random_gamma(x: torch.Tensor, generator: torch.Generator | None = None, gamma_range=(0.5, 2.0)) -> torch.Tensor:
+    """Per-image gamma correction x^gamma, gamma log-uniform in ``gamma_range`` (x is expected in [0, 1])."""
+    lo, hi = math.log(gamma_range[0]), math.log(gamma_range[1])
+    gamma = torch.exp(_uniform(x.shape[0], lo, hi, generator)).to(device=x.device, dtype=x.dtype)
+    return x.clamp_min(0).pow(gamma.view(-1, *([1] * (x.ndim - 1))))
+
+
+def random_intensity_jitter(
+    x: torch.Tensor, generator: torch.Generator | None = None, brightness: float = 0.1, contrast: float = 0.1
+) -> torch.Tensor:
+    """Per-image contrast and brightness jitter: x * (1 + c) + b, c in ±contrast, b in ±brightness."""
+    c = _uniform(x.shape[0], -contrast, contrast, generator).to(device=x.device, dtype=x.dtype)
+    b = _uniform(x.shape[0], -brightness, brightness, generator).to(device=x.device, dtype=x.dtype)
+    shape = (-1, *([1] * (x.ndim - 1)))
+    return x * (1 + c.view(shape)) + b.view(shape)
+
+
+@dataclass
+class PairParams:
+    """Random state of one draw of the pair transform T, shared by its image and feature branches."""
+
+    affine: torch.Tensor  # [B, 3, 3]
+    gamma_image: torch.Tensor | None = None  # [B] gamma applied to the image branch only
+
+
+class EquivariantPairTransform:
+    """The paper's transform T for the pair p_hat = g(s(T(x))), p_tilde = g(T(s(x))).
+
+    On images T is gamma correction (``gamma_range``) followed by a random affine map (zoom ``scale_range``,
+    rotation ``±max_rotation_deg``, translation ``±max_translation``); on feature maps the *same* affine map
+    only, with no intensity change. :meth:`sample` draws one random state which both branches then use.
+    """
+
+    def __init__(
+        self,
+        gamma_range: tuple[float, float] | None = (0.5, 2.0),
+        scale_range: tuple[float, float] = (0.8, 1.3),
+        max_rotation_deg: float = 45.0,
+        max_translation: float = 0.1,
+    ) -> None:
+        self.gamma_range = tuple(gamma_range) if gamma_range is not None else None
+        self.scale_range = tuple(scale_range)
+        self.max_rotation_deg = max_rotation_deg
+        self.max_translation = max_translation
+
+    def sample(self, batch: int, generator: torch.Generator | None = None) -> PairParams:
+        affine = random_affine_matrices(batch, generator, self.scale_range, self.max_rotation_deg, self.max_translation)
+        gamma = None
+        if self.gamma_range is not None:
+            lo, hi = math.log(self.gamma_range[0]), math.log(self.gamma_range[1])
+            gamma = torch.exp(_uniform(batch, lo, hi, generator))
+        return PairParams(affine=affine, gamma_image=gamma)
+
+    def apply_image(self, x: torch.Tensor, params: PairParams) -> torch.Tensor:
+        if params.gamma_image is not None:
+            g = params.gamma_image.to(device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
+            x = x.clamp_min(0).pow(g)
+        return warp(x, params.affine)
+
+    def apply_features(self, f: torch.Tensor, params: PairParams) -> torch.Tensor:
+        return warp(f, params.affine)
+
+    def valid_mask(self, params: PairParams, like: torch.Tensor) -> torch.Tensor:
+        """[B, 1, H, W] mask of output pixels whose source lies inside the input (1) or in the padding (0)."""
+        ones = torch.ones(like.shape[0], 1, *like.shape[-2:], device=like.device, dtype=torch.float32)
+        return (warp(ones, params.affine) > 0.999).to(torch.float32)

@@ -1,0 +1,60 @@
+"""The paper's U-Net and access to its global and dense embeddings.
+
+The network is MONAI's :class:`monai.networks.nets.BasicUNet` with 2D blocks of widths 32-64-128-256-512
+(5 encoder blocks ``conv_0``, ``down_1`` ... ``down_4``; 4 decoder blocks ``upcat_4`` ... ``upcat_1``;
+each block (3x3 conv, BatchNorm, ReLU) x 2) and a final 1x1 convolution ``final_conv``. Pre-trained
+weights are plain BasicUNet state dicts, so they load into the fine-tuning network without key surgery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from monai.networks.nets import BasicUNet
+
+PAPER_FEATURES = (32, 64, 128, 256, 512, 32)
+
+
+def build_unet(
+    in_channels: int = 1,
+    out_channels: int = 2,
+    features: Sequence[int] = PAPER_FEATURES,
+    norm: str = "batch",
+    dropout: float = 0.0,
+) -> BasicUNet:
+    """Build the paper's 2D U-Net (BatchNorm by default, as in the paper)."""
+    if len(features) != 6:
+        raise ValueError(f"features must have 6 widths (5 encoder + last decoder), got {tuple(features)}")
+    return BasicUNet(
+        spatial_dims=2,
+        in_channels=in_channels,
+        out_channels=out_channels,
+        features=tuple(features),
+        norm=norm,
+        dropout=dropout,
+    )
+
+
+def unet_embeddings(net: BasicUNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``net`` without its final 1x1 conv and return ``(global_embedding, dense_embedding)``.
+
+    ``global_embedding`` is the encoder output (``down_4``, 512 channels at 1/16 resolution, the paper's
+    ``conv5``); ``dense_embedding`` is the last decoder block (``upcat_1``, 32 channels at full resolution,
+    the paper's ``upconv2``), i.e. the layer right before ``final_conv``.
+    """
+    x0 = net.conv_0(x)
+    x1 = net.down_1(x0)
+    x2 = net.down_2(x1)
+    x3 = net.down_3(x2)
+    x4 = net.down_4(x3)
+    u4 = net.upcat_4(x4, x3)
+    u3 = net.upcat_3(u4, x2)
+    u2 = net.upcat_2(u3, x1)
+    u1 = net.upcat_1(u2, x0)
+    return x4, u1
+
+
+def backbone_state_dict(net: BasicUNet) -> dict[str, torch.Tensor]:
+    """The weights a pre-training run hands to fine-tuning: everything but the (untrained) ``final_conv``."""
+    return {k: v.detach().cpu() for k, v in net.state_dict().items() if not k.startswith("final_conv.")}

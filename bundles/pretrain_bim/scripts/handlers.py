@@ -1,0 +1,126 @@
+"""Ignite handlers of the pre-training bundle: cluster panels and the final weights file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from ignite.engine import Engine, Events
+
+from bim_common.data import SliceStore
+from bim_common.engine import atomic_save
+from bim_common.gpu_augment import crop_matrices, warp
+
+from . import losses as L
+
+logger = logging.getLogger("bim")
+
+
+def cluster_palette(k: int) -> np.ndarray:
+    """``k`` distinguishable RGB colours (golden-angle hues, alternating brightness), uint8 [k, 3]."""
+    import colorsys
+
+    cols = [colorsys.hsv_to_rgb((i * 0.618033988749895) % 1.0, 0.85, 0.95 if i % 2 == 0 else 0.65) for i in range(k)]
+    return (np.asarray(cols) * 255).astype(np.uint8)
+
+
+def _gray(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32)
+    lo, hi = float(x.min()), float(x.max())
+    x = (x - lo) / (hi - lo + 1e-8)
+    return np.repeat((x * 255).astype(np.uint8)[..., None], 3, axis=-1)
+
+
+def save_png(rgb: np.ndarray, path: Path) -> Path:
+    """Write an RGB uint8 array as PNG atomically (temporary file, then rename)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(rgb).save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+class ClusterPanelHandler:
+    """Every ``interval`` iterations (and at the end) writes ``output_dir/clusters_iterNNNNNN.png`` and
+    ``clusters_latest.png``: one row per slice, columns image | cluster map (argmax, fixed palette) |
+    cluster-entropy map | edge map, and logs the marginal entropy and the number of clusters in use on these
+    slices (a collapse detector) to the console and to ``engine.state.metrics``."""
+
+    def __init__(self, store: SliceStore, output_dir: str, interval: int = 200, num_slices: int = 4, crop_size: int = 224,
+                 edge: str = "sobel", edge_power: float = 0.75):
+        self.output_dir, self.interval, self.crop_size = Path(output_dir), int(interval), int(crop_size)
+        self.edge, self.edge_power = edge, edge_power
+        n = store.num_slices
+        # middle slice of a few scans, spread over the store
+        scans = np.linspace(0, len(store.scans) - 1, num=min(num_slices, len(store.scans))).round().astype(int)
+        picks = []
+        for s in scans:
+            idx = torch.nonzero(store.scan_index.cpu() == int(s)).flatten()
+            picks.append(int(idx[len(idx) // 2]))
+        picks = picks or [n // 2]
+        images = store.image[torch.as_tensor(picks, device=store.image.device)]
+        m = crop_matrices(len(picks), tuple(images.shape[-2:]), (self.crop_size, self.crop_size), random=False)
+        self.images = warp(images, m, (self.crop_size, self.crop_size))
+
+    def attach(self, engine: Engine) -> None:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.interval), self)
+        engine.add_event_handler(Events.COMPLETED, self)
+
+    @torch.no_grad()
+    def render(self, model) -> tuple[np.ndarray, dict]:
+        was_training = model.training
+        model.eval()
+        x = self.images.to(next(model.parameters()).device)
+        _, dense = model(x)
+        probs = model.cluster_head(dense)[0].float()
+        if was_training:
+            model.train()
+        usage = L.cluster_usage(probs)
+        clusters = probs.argmax(1).cpu().numpy()
+        ent = L.entropy_map(probs)[:, 0].cpu().numpy()
+        edge_fn = L.sobel_edge_map if self.edge == "sobel" else (lambda t: L.gradient_power_edge_map(t, self.edge_power))
+        edges = edge_fn(x.float())[:, 0].cpu().numpy()
+        palette = cluster_palette(probs.shape[1])
+        rows = []
+        for i in range(x.shape[0]):
+            cols = [_gray(x[i, 0].float().cpu().numpy()), palette[clusters[i]], _gray(ent[i]), _gray(edges[i])]
+            rows.append(np.concatenate([np.pad(c, ((2, 2), (2, 2), (0, 0))) for c in cols], axis=1))
+        return np.concatenate(rows, axis=0), {k: float(v) for k, v in usage.items()}
+
+    def __call__(self, engine: Engine) -> None:
+        model = engine.network.module if hasattr(engine.network, "module") else engine.network
+        panel, usage = self.render(model)
+        it = engine.state.iteration
+        save_png(panel, self.output_dir / f"clusters_iter{it:06d}.png")
+        save_png(panel, self.output_dir / "clusters_latest.png")
+        for k, v in usage.items():
+            engine.state.metrics[f"panel_{k}"] = v
+        logger.info(
+            f"iteration {it}: cluster panel written; marginal entropy {usage['marginal_entropy']:.3f}, "
+            f"clusters in use {int(usage['clusters_in_use'])}"
+        )
+
+
+class SaveBackboneWeights:
+    """At the end of training writes ``path`` (``model.pt``): the U-Net weights only (BasicUNet keys, without
+    the untrained ``final_conv``), a plain state dict loadable with ``torch.load(..., weights_only=True)``."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.COMPLETED, self)
+
+    def __call__(self, engine: Engine) -> None:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        model = engine.network.module if hasattr(engine.network, "module") else engine.network
+        model = getattr(model, "_orig_mod", model)
+        atomic_save(model.backbone_state_dict(), self.path)
+        logger.info(f"pre-trained U-Net weights written to {self.path}")

@@ -1,0 +1,46 @@
+"""The pre-training network: the paper's U-Net plus its cluster, global and (for the baseline) dense heads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from bim_common.network import PAPER_FEATURES, backbone_state_dict, build_unet, unet_embeddings
+
+from .heads import ClusterHead, DenseProjector, GlobalProjector
+
+
+class BIMPretrainNet(nn.Module):
+    """U-Net ``unet`` (a MONAI BasicUNet, saved as plain BasicUNet weights) with
+
+    - ``cluster_head``: 1x1 conv -> K-way softmax on the dense embedding (``upcat_1``), ``num_subheads`` copies;
+    - ``global_projector``: avg pool -> MLP -> L2 norm on the global embedding (``down_4``), for L_con;
+    - ``dense_projector`` (optional): the Chaitanya et al. local-contrast projector on the dense embedding.
+
+    ``forward(x)`` returns ``(global_embedding, dense_embedding)``; heads are applied by the trainer, which
+    needs the dense embedding both as it is and warped by the pair transform.
+    """
+
+    def __init__(
+        self,
+        num_clusters: int = 40,
+        num_subheads: int = 3,
+        features: Sequence[int] = PAPER_FEATURES,
+        projector_dim: int = 256,
+        dense_projector: bool = False,
+        in_channels: int = 1,
+    ) -> None:
+        super().__init__()
+        self.unet = build_unet(in_channels=in_channels, out_channels=1, features=features)
+        self.cluster_head = ClusterHead(features[5], num_clusters, num_subheads)
+        self.global_projector = GlobalProjector(features[4], projector_dim, projector_dim)
+        self.dense_projector = DenseProjector(features[5]) if dense_projector else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return unet_embeddings(self.unet, x)
+
+    def backbone_state_dict(self) -> dict[str, torch.Tensor]:
+        """BasicUNet weights without the untrained ``final_conv`` (what ``model.pt`` holds)."""
+        return backbone_state_dict(self.unet)
