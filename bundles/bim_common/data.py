@@ -121,7 +121,7 @@ class SliceStore:
                 )
             depth = img.shape[2]
             images.append(img.permute(2, 0, 1).unsqueeze(1))
-            if "label" in sample:
+            if "label" in sample and not isinstance(sample["label"], (str, Path)):  # loaded, not just a path
                 lab = torch.as_tensor(sample["label"])
                 if lab.shape != img.shape:
                     raise ValueError(f"{item.get('label')}: label shape {tuple(lab.shape)} != image shape {tuple(img.shape)}")

@@ -36,6 +36,19 @@ def build_unet(
     )
 
 
+def unet_encoder_features(net: BasicUNet, x: torch.Tensor) -> list[torch.Tensor]:
+    """Outputs of the 5 encoder blocks ``conv_0``, ``down_1`` ... ``down_4`` (the skip connections)."""
+    feats = [net.conv_0(x)]
+    for block in (net.down_1, net.down_2, net.down_3, net.down_4):
+        feats.append(block(feats[-1]))
+    return feats
+
+
+def unet_global_embedding(net: BasicUNet, x: torch.Tensor) -> torch.Tensor:
+    """The encoder output only (``down_4``): the global embedding, without running the decoder."""
+    return unet_encoder_features(net, x)[-1]
+
+
 def unet_embeddings(net: BasicUNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``net`` without its final 1x1 conv and return ``(global_embedding, dense_embedding)``.
 
@@ -43,11 +56,7 @@ def unet_embeddings(net: BasicUNet, x: torch.Tensor) -> tuple[torch.Tensor, torc
     ``conv5``); ``dense_embedding`` is the last decoder block (``upcat_1``, 32 channels at full resolution,
     the paper's ``upconv2``), i.e. the layer right before ``final_conv``.
     """
-    x0 = net.conv_0(x)
-    x1 = net.down_1(x0)
-    x2 = net.down_2(x1)
-    x3 = net.down_3(x2)
-    x4 = net.down_4(x3)
+    x0, x1, x2, x3, x4 = unet_encoder_features(net, x)
     u4 = net.upcat_4(x4, x3)
     u3 = net.upcat_3(u4, x2)
     u2 = net.upcat_2(u3, x1)

@@ -94,9 +94,12 @@ class ClusterPanelHandler:
         return np.concatenate(rows, axis=0), {k: float(v) for k, v in usage.items()}
 
     def __call__(self, engine: Engine) -> None:
+        it = engine.state.iteration
+        if getattr(self, "_last_iteration", None) == it:  # COMPLETED right after an interval: already drawn
+            return
+        self._last_iteration = it
         model = engine.network.module if hasattr(engine.network, "module") else engine.network
         panel, usage = self.render(model)
-        it = engine.state.iteration
         save_png(panel, self.output_dir / f"clusters_iter{it:06d}.png")
         save_png(panel, self.output_dir / "clusters_latest.png")
         for k, v in usage.items():

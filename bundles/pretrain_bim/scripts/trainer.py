@@ -9,6 +9,7 @@ import torch
 from monai.engines import SupervisedTrainer
 
 from bim_common.engine import bf16_autocast
+from bim_common.network import unet_global_embedding
 from bim_common.gpu_augment import EquivariantPairTransform, crop_matrices, random_affine_matrices, warp
 
 from . import losses as L
@@ -91,7 +92,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
             if self.needs_decoder:
                 glob, dense = self.network(torch.cat([x, x_t]))
             else:
-                glob = encode_only(model, torch.cat([x, x_t]))
+                glob = unet_global_embedding(model.unet, torch.cat([x, x_t]))
             if w["con"]:
                 z = model.global_projector(glob)
             if self.needs_decoder:
@@ -138,11 +139,3 @@ class BIMPretrainTrainer(SupervisedTrainer):
         engine.optimizer.step()
         return {k: v.detach() for k, v in out.items()}
 
-
-def encode_only(model, x: torch.Tensor) -> torch.Tensor:
-    """The encoder half of the U-Net (``conv_0`` ... ``down_4``): the global embedding only."""
-    net = model.unet
-    x = net.conv_0(x)
-    for block in (net.down_1, net.down_2, net.down_3, net.down_4):
-        x = block(x)
-    return x

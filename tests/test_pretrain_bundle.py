@@ -1,0 +1,115 @@
+"""The pretrain_bim bundle end to end: properties, outputs, every Table 1 variant, determinism, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bundle_helpers import BUNDLES, ROOT, bundle_run_command, run_bundle, workflow
+
+VARIANTS = sorted(p.stem for p in (BUNDLES / "pretrain_bim" / "configs" / "variants").glob("*.json"))
+TINY = dict(epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2, log_every=1, panel_every=100, save_every=100,
+            progress_bar=False, features=[8, 8, 16, 16, 32, 8], num_clusters=10, num_subheads=1)
+
+
+def _train_workflow(demo_dataset, out, configs=("train.json",), **overrides):
+    return workflow("pretrain_bim", list(configs), dataset_dir=str(demo_dataset), output_dir=str(out), **{**TINY, **overrides})
+
+
+def test_train_config_has_every_required_property(demo_dataset, tmp_path):
+    wf = _train_workflow(demo_dataset, tmp_path)
+    assert wf.check_properties() == []
+
+
+def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_dataset, tmp_path):
+    out = tmp_path / "run"
+    proc = run_bundle("pretrain_bim", "train.json", dataset_dir=demo_dataset, output_dir=out, epochs=2,
+                      iters_per_epoch=2, crop_size=64, scans_per_batch=2, log_every=1, panel_every=2, save_every=2,
+                      progress_bar=False)
+    state = torch.load(out / "model.pt", weights_only=True)
+    from monai.networks.nets import BasicUNet
+
+    net = BasicUNet(spatial_dims=2, in_channels=1, out_channels=4, features=(32, 64, 128, 256, 512, 32), norm="batch")
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    assert unexpected == [] and sorted(missing) == ["final_conv.bias", "final_conv.weight"]
+    panels = sorted((out / "panels").glob("clusters_iter*.png"))
+    assert [p.name for p in panels] == ["clusters_iter000002.png", "clusters_iter000004.png"]
+    from PIL import Image
+
+    w, h = Image.open(panels[-1]).size
+    assert w == 4 * (64 + 4) and h % (64 + 4) == 0  # image | clusters | entropy | edges, one row per slice
+    assert (out / "checkpoint_final.pt").is_file() and (out / "checkpoint_last.pt").is_file()
+    assert "clusters in use" in proc.stdout and "mi:" in proc.stdout and "cc:" in proc.stdout and "con:" in proc.stdout
+    assert not list(out.rglob("*.tmp")), "no temporary files are left behind"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_parses_and_trains(variant, demo_dataset, tmp_path):
+    cfg = json.loads((BUNDLES / "pretrain_bim" / "configs" / "variants" / f"{variant}.json").read_text())
+    wf = _train_workflow(demo_dataset, tmp_path, ("train.json", f"variants/{variant}.json"))
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    trainer.run()
+    out = trainer.state.output
+    active = {k for k, v in trainer.loss_weights.items() if v}
+    expected = {k for k, v in cfg["loss_weights"].items() if v not in (0, 0.0)}
+    assert active == expected
+    assert active <= set(out) and not ({"mi", "cc", "con", "imsat", "local_con"} - active) & set(out)
+    assert all(torch.isfinite(out[k]) for k in active)
+    if variant == "iic_dec":
+        assert trainer.alpha == 0.0
+    assert (tmp_path / "model.pt").is_file()
+
+
+def _losses_of_a_run(demo_dataset, out):
+    wf = _train_workflow(demo_dataset, out, iters_per_epoch=3)
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    seen = []
+    from ignite.engine import Events
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append({k: float(v) for k, v in e.state.output.items()}))
+    trainer.run()
+    return seen
+
+
+def test_same_seed_gives_identical_losses_on_cpu(demo_dataset, tmp_path):
+    a = _losses_of_a_run(demo_dataset, tmp_path / "a")
+    b = _losses_of_a_run(demo_dataset, tmp_path / "b")
+    assert len(a) == 3 and a == b
+    c = _train_workflow(demo_dataset, tmp_path / "c", seed=1, iters_per_epoch=1).parser.get_parsed_content("train#trainer")
+    c.run()
+    assert float(c.state.output["loss"]) != a[0]["loss"]
+
+
+def test_killed_run_resumes_to_the_same_weights(demo_dataset, tmp_path):
+    common = dict(dataset_dir=demo_dataset, epochs=2, iters_per_epoch=5, crop_size=64, scans_per_batch=2,
+                  save_every=2, panel_every=100, progress_bar=False, features=[8, 8, 16, 16, 32, 8], num_clusters=10)
+    reference = tmp_path / "uninterrupted"
+    run_bundle("pretrain_bim", "train.json", output_dir=reference, **common)
+
+    resumed = tmp_path / "interrupted"
+    cmd = bundle_run_command("pretrain_bim", "train.json", output_dir=resumed, **common)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while not (resumed / "checkpoint_last.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (resumed / "model.pt").exists(), "the run must be killed before it finishes for this test to mean anything"
+    killed_at = torch.load(resumed / "checkpoint_last.pt", weights_only=True)["trainer"]["iteration"]
+    assert 2 <= killed_at < 10
+    proc = run_bundle("pretrain_bim", "train.json", output_dir=resumed, **common)  # resume_from defaults to "auto"
+    assert f"resuming from" in proc.stdout + proc.stderr
+    final = torch.load(resumed / "checkpoint_final.pt", weights_only=True)
+    assert final["trainer"]["iteration"] == 10
+    ref_final = torch.load(reference / "checkpoint_final.pt", weights_only=True)
+    assert final["lr_scheduler"]["last_epoch"] == ref_final["lr_scheduler"]["last_epoch"] == 10
+    a = torch.load(reference / "model.pt", weights_only=True)
+    b = torch.load(resumed / "model.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=1e-6), k
