@@ -1,0 +1,224 @@
+"""Slice-wise inference and 3D Dice evaluation shared by the segmentation bundles.
+
+- :class:`SliceBatchInferer`: a MONAI :class:`~monai.inferers.Inferer` that runs a 2D network on all slices of
+  a volume [B, C, H, W, D] as one batch (slices on the last axis, as data_prep writes them), padding each
+  slice to a multiple of 16 (the U-Net's 4 down-samplings) and cropping back;
+- :func:`dice_metric_handler`: MONAI's ``DiceMetric`` (3D, per scan, without background) as an Ignite metric;
+- :class:`BestMetricSaver`: keeps the weights of the best validation epoch as ``model.pt`` + ``best_metric.json``;
+- :class:`ValidateAtEnd`: validates after the last epoch when it is not a multiple of the validation interval;
+- :class:`ScanDiceWriter`: writes per-scan Dice (CSV) and its summary (JSON) of an evaluation run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ignite.engine import Engine, Events
+from monai.inferers import Inferer
+
+from .engine import _is_main_process, atomic_save, bf16_autocast
+
+logger = logging.getLogger("bim")
+
+
+class SliceBatchInferer(Inferer):
+    """Run a 2D network slice by slice on volumes, all slices of a scan in one batch.
+
+    ``inputs`` [B, C, H, W, D] (slices on the last axis) -> outputs [B, C_out, H, W, D]; a 4D input
+    [N, C, H, W] is treated as a batch of slices. Each slice is zero-padded symmetrically to a multiple of
+    ``divisor`` and the output is cropped back. ``max_slices`` bounds the batch (None: all slices at once).
+    On CUDA the network runs under bf16 autocast when ``amp``; outputs are fp32.
+    """
+
+    def __init__(self, divisor: int = 16, max_slices: int | None = None, amp: bool = True) -> None:
+        super().__init__()
+        if divisor < 1:
+            raise ValueError(f"divisor must be >= 1, got {divisor}")
+        self.divisor, self.max_slices, self.amp = int(divisor), max_slices, bool(amp)
+
+    def run_slices(self, slices: torch.Tensor, network, *args, **kwargs) -> torch.Tensor:
+        h, w = slices.shape[-2:]
+        ph, pw = (-h) % self.divisor, (-w) % self.divisor
+        pad = (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2)
+        x = F.pad(slices, pad) if ph or pw else slices
+        chunk = self.max_slices or x.shape[0]
+        outs = []
+        with bf16_autocast(x.device, self.amp):
+            for start in range(0, x.shape[0], chunk):
+                outs.append(network(x[start : start + chunk], *args, **kwargs))
+        y = torch.cat(outs).float()
+        return y[..., pad[2] : pad[2] + h, pad[0] : pad[0] + w]
+
+    def __call__(self, inputs: torch.Tensor, network, *args, **kwargs) -> torch.Tensor:
+        if inputs.ndim == 4:
+            return self.run_slices(inputs, network, *args, **kwargs)
+        if inputs.ndim != 5:
+            raise ValueError(f"SliceBatchInferer expects [B, C, H, W, D] volumes or [N, C, H, W] slices, got {tuple(inputs.shape)}")
+        b, c, h, w, d = inputs.shape
+        slices = inputs.permute(0, 4, 1, 2, 3).reshape(b * d, c, h, w)
+        out = self.run_slices(torch.as_tensor(slices), network, *args, **kwargs)
+        out = out.reshape(b, d, out.shape[1], h, w).permute(0, 2, 3, 4, 1).contiguous()
+        if hasattr(inputs, "meta"):  # keep the MetaTensor's meta data (Invertd needs it downstream)
+            from monai.data import MetaTensor
+
+            out = MetaTensor(out, meta=inputs.meta)
+        return out
+
+
+def dice_metric_handler(save_details: bool = True):
+    """3D Dice per scan (MONAI ``DiceMetric`` on one-hot [1, C, H, W, D], background excluded, mean over the
+    foreground classes and scans) as an Ignite metric reading ``pred``/``label`` from the engine output.
+
+    ``ignore_empty=False``: where a structure is absent from a scan's ground truth, the scan's Dice for it is 1
+    when the prediction is empty too and 0 otherwise (MONAI's convention), so every scan counts and a false
+    positive is penalised; with ``True`` such scans would be NaN and dropped from the mean.
+    """
+    from monai.handlers import IgniteMetricHandler, from_engine
+    from monai.metrics import DiceMetric
+
+    return IgniteMetricHandler(
+        metric_fn=DiceMetric(include_background=False, reduction="mean", ignore_empty=False),
+        output_transform=from_engine(["pred", "label"]),
+        save_details=save_details,
+    )
+
+
+def _atomic_write_text(text: str, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def _unwrap(network):
+    network = getattr(network, "module", network)
+    return getattr(network, "_orig_mod", network)
+
+
+class BestMetricSaver:
+    """Attached to the validation evaluator: after each validation whose ``metric_name`` beats the best so far,
+    writes the network's weights as a plain state dict to ``output_dir/model.pt`` (atomically; loadable with
+    ``torch.load(..., weights_only=True)``) and ``output_dir/best_metric.json`` (metric, epoch, iteration and
+    ``info``). ``state_dict``/``load_state_dict`` let a resumed run continue the comparison."""
+
+    def __init__(self, network, output_dir: str, metric_name: str = "val_mean_dice", info: dict | None = None,
+                 filename: str = "model.pt") -> None:
+        self.network, self.output_dir, self.metric_name = network, Path(output_dir), metric_name
+        self.info, self.filename = dict(info or {}), filename
+        self.best, self.best_epoch = -math.inf, -1
+
+    def state_dict(self) -> dict:
+        return {"best": torch.tensor(self.best, dtype=torch.float64), "best_epoch": torch.tensor(self.best_epoch)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_epoch = float(state["best"]), int(state["best_epoch"])
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+
+    def __call__(self, engine: Engine) -> None:
+        value = float(engine.state.metrics[self.metric_name])
+        epoch = int(engine.state.epoch)
+        if not (value > self.best or self.best_epoch < 0):
+            logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} (best {self.best:.4f} at epoch {self.best_epoch})")
+            return
+        self.best, self.best_epoch = value, epoch
+        logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / self.filename}")
+        if not _is_main_process():
+            return
+        state = {k: v.detach().cpu() for k, v in _unwrap(self.network).state_dict().items()}
+        atomic_save(state, self.output_dir / self.filename)
+        record = {"metric": self.metric_name, "value": value, "epoch": epoch,
+                  "checkpoint": (self.output_dir / self.filename).as_posix(), **self.info}
+        _atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / "best_metric.json")
+
+
+class ValidateAtEnd:
+    """Runs ``validator`` (a MONAI evaluator) once when training completes, unless the last epoch was already
+    validated by a ``ValidationHandler`` of the same ``interval`` (so the best checkpoint always exists)."""
+
+    def __init__(self, validator, interval: int = 1) -> None:
+        if interval < 1:
+            raise ValueError(f"val_interval must be >= 1, got {interval}")
+        self.validator, self.interval = validator, int(interval)
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.COMPLETED, self)
+
+    def __call__(self, engine: Engine) -> None:
+        if engine.state.epoch % self.interval != 0:
+            self.validator.run(engine.state.epoch)
+
+
+class ScanDiceWriter:
+    """Attached to an evaluator whose key metric is :func:`dice_metric_handler` (``save_details``): at the end
+    writes ``output_dir/<prefix>_dice.csv`` (scan, dice = mean over foreground classes, one column per class)
+    and ``output_dir/<prefix>_summary.json`` (mean, std over scans (ddof=0), n, per-class means and ``info``),
+    both atomically. Scan ids come from the ``scan`` key of each batch."""
+
+    def __init__(self, output_dir: str, prefix: str, metric_name: str = "val_mean_dice",
+                 class_names: list[str] | tuple[str, ...] = (), info: dict | None = None) -> None:
+        self.output_dir, self.prefix, self.metric_name = Path(output_dir), prefix, metric_name
+        self.class_names, self.info = list(class_names), dict(info or {})
+        self.scans: list[str] = []
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, lambda e: self.scans.clear())
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.collect)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.write)
+
+    def collect(self, engine: Engine) -> None:
+        batch = engine.state.batch
+        items = batch if isinstance(batch, list) else [batch]
+        for item in items:
+            scan = item.get("scan", f"scan{len(self.scans)}")
+            if isinstance(scan, (list, tuple)):
+                self.scans.extend(str(s) for s in scan)
+            else:
+                self.scans.append(str(scan))
+
+    def write(self, engine: Engine) -> dict:
+        details = engine.state.metric_details[self.metric_name]
+        per_class = torch.as_tensor(details).float().cpu().numpy().reshape(len(self.scans), -1)
+        dice = per_class.mean(axis=1)
+        names = self.class_names[1:] if len(self.class_names) == per_class.shape[1] + 1 else [
+            f"class{i + 1}" for i in range(per_class.shape[1])
+        ]
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["scan", "dice"] + ([f"dice_{n}" for n in names] if per_class.shape[1] > 1 else []))
+        for scan, d, row in zip(self.scans, dice, per_class):
+            writer.writerow([scan, f"{d:.6f}"] + ([f"{v:.6f}" for v in row] if per_class.shape[1] > 1 else []))
+        summary = {
+            "mean": float(np.mean(dice)), "std": float(np.std(dice)), "n": int(len(dice)),
+            "per_class_mean": {n: float(v) for n, v in zip(names, per_class.mean(axis=0))},
+            "metric": "3D Dice per scan, background excluded, ignore_empty=False", **self.info,
+        }
+        if _is_main_process():
+            csv_path = _atomic_write_text(out.getvalue(), self.output_dir / f"{self.prefix}_dice.csv")
+            _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.output_dir / f"{self.prefix}_summary.json")
+            logger.info(f"test Dice {summary['mean']:.4f} ± {summary['std']:.4f} over {summary['n']} scans -> {csv_path}")
+        return summary
+
+
+def require_checkpoint(path: str | os.PathLike, hint: str = "run the bundle's train.json first") -> str:
+    """``path`` if it is a file, else a ``FileNotFoundError`` naming it and ``hint``."""
+    if not Path(path).expanduser().is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist: {hint}")
+    return str(Path(path).expanduser())

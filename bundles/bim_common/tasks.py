@@ -1,0 +1,133 @@
+"""Segmentation tasks of the BIM bundles: which classes a network predicts and how data_prep labels map to them.
+
+The paper fine-tunes ACDC as three binary tasks (LV, RV, Myo) and PROMISE12 as one binary task; the
+multi-class ``acdc`` task (background, RV, Myo, LV in one network) is offered as well. Prepared label volumes
+(``data_prep``) hold ACDC labels 0 background, 1 RV, 2 Myo, 3 LV and PROMISE12 labels 0 background,
+1 prostate. A task maps every label value it knows to a class index and refuses any other value, so a
+data set prepared for another task fails loudly instead of training on a wrong target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.data import MetaTensor
+from monai.transforms import MapTransform
+
+
+@dataclass(frozen=True)
+class SegmentationTask:
+    """``name``; ``class_names`` (index 0 is the background); ``label_map``: prepared label value -> class
+    index (every value not in it is an error); ``max_rotation_deg``: the training rotation range."""
+
+    name: str
+    class_names: tuple[str, ...]
+    label_map: Mapping[int, int]
+    max_rotation_deg: float = 15.0
+    description: str = ""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def channel_def(self) -> dict[str, str]:
+        """MONAI's ``channel_def`` of the prediction: ``{"0": "background", "1": "LV", ...}``."""
+        return {str(i): n for i, n in enumerate(self.class_names)}
+
+    def lookup_table(self) -> torch.Tensor:
+        """int64 [256] table: class index of each uint8 label value, -1 where the value is not mappable."""
+        table = torch.full((256,), -1, dtype=torch.long)
+        for value, cls in self.label_map.items():
+            table[int(value)] = int(cls)
+        return table
+
+    def map_labels(self, label, source: str | None = None):
+        """Class indices of ``label`` (tensor or array of label values, any shape), same type and shape,
+        dtype uint8. Raises ``ValueError`` naming ``source``, the offending values and the task's accepted
+        values when a value cannot be mapped."""
+        is_numpy = isinstance(label, np.ndarray)
+        lab = torch.as_tensor(label)
+        if lab.is_floating_point():
+            rounded = lab.round()
+            if not torch.equal(rounded, lab):
+                raise ValueError(f"{self._where(source)}label values must be integers, got non-integer values")
+            lab = rounded
+        lab = lab.long()
+        values = torch.unique(lab).cpu()
+        known = set(int(v) for v in self.label_map)
+        bad = [int(v) for v in values if int(v) not in known]
+        if bad:
+            raise ValueError(
+                f"{self._where(source)}label values {bad} cannot be mapped by task {self.name!r} "
+                f"(accepted values: {sorted(known)}; {self.description}). Was the data set prepared for another task?"
+            )
+        out = self.lookup_table().to(lab.device)[lab].to(torch.uint8)
+        if is_numpy:
+            return out.cpu().numpy()
+        if isinstance(label, MetaTensor):  # keep its affine, meta data and applied operations
+            return MetaTensor(out, meta=label.meta, applied_operations=label.applied_operations)
+        return out
+
+    @staticmethod
+    def _where(source: str | None) -> str:
+        return f"{source}: " if source else ""
+
+
+TASKS: dict[str, SegmentationTask] = {
+    "lv": SegmentationTask("lv", ("background", "LV"), {0: 0, 1: 0, 2: 0, 3: 1}, 15.0,
+                           "binary ACDC left-ventricle cavity from label 3"),
+    "rv": SegmentationTask("rv", ("background", "RV"), {0: 0, 1: 1, 2: 0, 3: 0}, 15.0,
+                           "binary ACDC right ventricle from label 1"),
+    "myo": SegmentationTask("myo", ("background", "Myo"), {0: 0, 1: 0, 2: 1, 3: 0}, 15.0,
+                            "binary ACDC myocardium from label 2"),
+    "acdc": SegmentationTask("acdc", ("background", "RV", "Myo", "LV"), {0: 0, 1: 1, 2: 2, 3: 3}, 15.0,
+                             "multi-class ACDC: background, RV, Myo, LV"),
+    "prostate": SegmentationTask("prostate", ("background", "prostate"), {0: 0, 1: 1}, 10.0,
+                                 "binary PROMISE12 prostate from label 1"),
+}
+
+
+def get_task(name: str | SegmentationTask) -> SegmentationTask:
+    """The task called ``name`` (case-insensitive); ``ValueError`` listing the known tasks otherwise."""
+    if isinstance(name, SegmentationTask):
+        return name
+    key = str(name).strip().lower()
+    if key not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)} ({', '.join(t.description for t in TASKS.values())})")
+    return TASKS[key]
+
+
+def labelled_key(split_seed: int, labelled_scans: int) -> str:
+    """The datalist key of the labelled subset: ``labelled_seed{S}_{N}``."""
+    if int(labelled_scans) < 1:
+        raise ValueError(f"labelled_scans must be >= 1, got {labelled_scans}")
+    return f"labelled_seed{int(split_seed)}_{int(labelled_scans)}"
+
+
+class MapTaskLabelsd(MapTransform):
+    """Dictionary transform: replace the label values of ``keys`` by the class indices of ``task``
+    (see :meth:`SegmentationTask.map_labels`); the error names the scan (``source_key`` of the item)."""
+
+    def __init__(self, keys: KeysCollection, task: str | SegmentationTask, source_key: str = "scan",
+                 allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.task = get_task(task)
+        self.source_key = source_key
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            source = d.get(self.source_key)
+            if source is None and hasattr(d[key], "meta"):
+                source = d[key].meta.get("filename_or_obj")
+            d[key] = self.task.map_labels(d[key], source=str(source) if source is not None else None)
+        return d
+
+
+def task_names() -> Sequence[str]:
+    return tuple(TASKS)
