@@ -1,0 +1,123 @@
+"""Throughput of the pre-training step, measured on the bundle's own trainer.
+
+    python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
+
+Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
+augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
+steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
+crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
+Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import fire
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bundles" / "pretrain_bim")]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_trainer(overrides: dict, iterations: int, warmup: int) -> dict:
+    from ignite.engine import Events
+    from monai.bundle import ConfigWorkflow
+
+    cfg = str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")
+    wf = ConfigWorkflow(config_file=cfg, workflow_type="train", **overrides)
+    wf.initialize()
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    device = torch.device(trainer.state.device)
+    marks = {}
+
+    def mark(engine):
+        if engine.state.iteration == warmup:
+            _sync(device)
+            marks["start"] = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+        if engine.state.iteration == warmup + iterations:
+            _sync(device)
+            marks["stop"] = time.perf_counter()
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, mark)
+    trainer.run()
+    seconds = (marks["stop"] - marks["start"]) / iterations
+    batch = int(wf.parser.get_parsed_content("batch_size"))
+    return {
+        "source_slices_per_step": batch,
+        "network_images_per_step": 2 * batch,
+        "ms_per_step": 1000 * seconds,
+        "images_per_s": 2 * batch / seconds,
+        "source_slices_per_s": batch / seconds,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "final_loss": float(trainer.state.output["loss"]),
+    }
+
+
+def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False) -> dict:
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.engine import bf16_autocast
+    from bim_common.network import build_unet
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net = build_unet(out_channels=2).to(device=device, memory_format=fmt)
+    opt = torch.optim.RAdam(net.parameters(), lr=1e-4)
+    step_net = torch.compile(net) if compiled else net
+    x = torch.rand(batch, 1, size, size, device=device).contiguous(memory_format=fmt)
+    for i in range(warmup + iterations):
+        if i == warmup:
+            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with bf16_autocast(device):
+            loss = step_net(x).float().mean()
+        loss.backward()
+        opt.step()
+    _sync(device)
+    seconds = (time.perf_counter() - t0) / iterations
+    return {"batch": batch, "compiled": compiled, "channels_last": channels_last, "ms_per_step": 1000 * seconds, "images_per_s": batch / seconds,
+            "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+
+
+def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
+         compile_bare: bool = False, channels_last: bool = False, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
+         output_dir: str = "/tmp/bim_benchmark_pretrain") -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations,
+                     scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
+                     save_every=10**9, resume_from=None, progress_bar=False, compile=compile,
+                     channels_last=channels_last, num_subheads=num_subheads)
+    result = {
+        "settings": {"compile": compile, "channels_last": channels_last, "num_subheads": num_subheads,
+                     "scans_per_batch": scans_per_batch, "crop_size": crop_size},
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
+        "full_step": _time_trainer(overrides, iterations, warmup),
+    }
+    batch = result["full_step"]["network_images_per_step"]
+    result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device)
+    if channels_last:
+        result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True)
+    if compile_bare:
+        result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    fire.Fire(main)
