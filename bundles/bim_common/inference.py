@@ -66,7 +66,9 @@ class SliceBatchInferer(Inferer):
             raise ValueError(f"SliceBatchInferer expects [B, C, H, W, D] volumes or [N, C, H, W] slices, got {tuple(inputs.shape)}")
         b, c, h, w, d = inputs.shape
         slices = inputs.permute(0, 4, 1, 2, 3).reshape(b * d, c, h, w)
-        out = self.run_slices(torch.as_tensor(slices), network, *args, **kwargs)
+        if hasattr(slices, "as_tensor"):  # MetaTensor -> plain tensor for the network
+            slices = slices.as_tensor()
+        out = self.run_slices(slices, network, *args, **kwargs)
         out = out.reshape(b, d, out.shape[1], h, w).permute(0, 2, 3, 4, 1).contiguous()
         if hasattr(inputs, "meta"):  # keep the MetaTensor's meta data (Invertd needs it downstream)
             from monai.data import MetaTensor
@@ -222,3 +224,33 @@ def require_checkpoint(path: str | os.PathLike, hint: str = "run the bundle's tr
     if not Path(path).expanduser().is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: {hint}")
     return str(Path(path).expanduser())
+
+
+def nifti_items(path: str | os.PathLike | None) -> list[dict]:
+    """``[{"image": file}, ...]`` for a NIfTI file or every ``*.nii`` / ``*.nii.gz`` in a folder (sorted);
+    a clear error when ``path`` is unset, missing or holds no NIfTI file."""
+    if path in (None, "", "None", "null"):
+        raise ValueError("set --dataset_dir to a NIfTI file or a folder of NIfTI volumes (*.nii, *.nii.gz)")
+    p = Path(path).expanduser()
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith((".nii", ".nii.gz")))
+    else:
+        raise FileNotFoundError(f"dataset_dir {p} does not exist")
+    if not files:
+        raise FileNotFoundError(f"{p} holds no NIfTI volume (*.nii, *.nii.gz)")
+    return [{"image": f.resolve().as_posix()} for f in files]
+
+
+def inplane_resampling(keys, task: str, pixdim: float = 1.0, prostate_size: int = 256):
+    """The in-plane geometry step of data_prep as an invertible MONAI transform: ``Spacingd`` to
+    ``pixdim`` x ``pixdim`` mm keeping the slice spacing (ACDC tasks), or ``Resized`` of every slice to
+    ``prostate_size`` x ``prostate_size`` keeping the slice count (``prostate``, as data_prep promise12)."""
+    from monai.transforms import Resized, Spacingd
+
+    from .tasks import get_task
+
+    if get_task(task).name == "prostate":
+        return Resized(keys=keys, spatial_size=(prostate_size, prostate_size, -1), mode="bilinear")
+    return Spacingd(keys=keys, pixdim=(pixdim, pixdim, -1), mode="bilinear")
