@@ -1,0 +1,244 @@
+"""Unit tests of the pieces finetune_seg shares through bim_common: tasks, pre-trained loading, augmentation,
+slice-wise inference, labelled subsets and bad-input errors (all in-process, a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bundles") not in sys.path:
+    sys.path.insert(0, str(ROOT / "bundles"))
+
+from bim_common.network import build_unet  # noqa: E402
+from bim_common.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
+
+SMALL = (8, 16, 32, 64, 128, 8)
+ACDC_NAMES = {0: "background", 1: "RV", 2: "Myo", 3: "LV"}  # data_prep's ACDC labels
+
+
+# ------------------------------------------------------------------------------------------------------ tasks
+
+
+def test_binary_acdc_tasks_pick_one_structure():
+    label = torch.arange(4).repeat(3, 1)  # every ACDC label value
+    for name, structure in (("lv", "LV"), ("rv", "RV"), ("myo", "Myo")):
+        task = get_task(name)
+        out = task.map_labels(label)
+        assert out.dtype == torch.uint8 and out.shape == label.shape
+        # exactly the label value named like the task's foreground class becomes 1
+        expected = torch.tensor([1 if ACDC_NAMES[v] == structure else 0 for v in range(4)]).repeat(3, 1)
+        assert torch.equal(out.long(), expected)
+        assert task.num_classes == 2 and task.class_names[1] == structure
+
+
+def test_multiclass_and_prostate_tasks():
+    label = np.array([[0, 1], [2, 3]], dtype=np.uint8)
+    out = get_task("acdc").map_labels(label)
+    assert isinstance(out, np.ndarray) and out.tolist() == label.tolist()
+    assert [get_task("acdc").class_names[i] for i in range(4)] == [ACDC_NAMES[i] for i in range(4)]
+    assert get_task("prostate").map_labels(np.array([0, 1, 1])).tolist() == [0, 1, 1]
+    assert get_task("prostate").max_rotation_deg == 10.0 and get_task("lv").max_rotation_deg == 15.0
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_maps_into_its_classes(name):
+    task = get_task(name)
+    values = torch.tensor(sorted(task.label_map), dtype=torch.uint8)
+    out = task.map_labels(values)
+    assert set(out.tolist()) == set(range(task.num_classes))  # onto: every class reachable
+    assert task.channel_def == {str(i): n for i, n in enumerate(task.class_names)}
+    assert task.map_labels(torch.zeros(2, 2)).sum() == 0  # background stays background
+
+
+def test_unmappable_label_values_are_refused():
+    with pytest.raises(ValueError, match=r"label values \[5\] cannot be mapped by task 'lv'.*accepted values: \[0, 1, 2, 3\]"):
+        get_task("lv").map_labels(torch.tensor([0, 3, 5]), source="scan7.nii.gz")
+    with pytest.raises(ValueError, match="scan7.nii.gz"):
+        get_task("lv").map_labels(torch.tensor([0, 3, 5]), source="scan7.nii.gz")
+    with pytest.raises(ValueError, match=r"\[2, 3\] cannot be mapped by task 'prostate'"):
+        get_task("prostate").map_labels(np.array([0, 1, 2, 3]))
+
+
+def test_unknown_task_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown task 'liver'.*\['acdc', 'lv', 'myo', 'prostate', 'rv'\]"):
+        get_task("liver")
+    assert get_task("LV") is TASKS["lv"]
+    assert labelled_key(2, 4) == "labelled_seed2_4"
+    with pytest.raises(ValueError, match="labelled_scans must be >= 1"):
+        labelled_key(0, 0)
+
+
+def test_map_task_labels_dict_transform_keeps_meta():
+    from monai.data import MetaTensor
+
+    lab = MetaTensor(torch.tensor([[[0, 3], [2, 3]]]), affine=torch.diag(torch.tensor([2.0, 2.0, 5.0, 1.0])))
+    out = MapTaskLabelsd("label", "lv")({"label": lab, "scan": "p1"})["label"]
+    assert isinstance(out, MetaTensor) and out.tolist() == [[[0, 1], [0, 1]]]
+    assert torch.equal(out.affine, lab.affine)
+    with pytest.raises(ValueError, match="p1: label values"):
+        MapTaskLabelsd("label", "lv")({"label": torch.tensor([9]), "scan": "p1"})
+
+
+# --------------------------------------------------------------------------------------------- pre-trained loading
+
+
+def _save(obj, path):
+    torch.save(obj, path)
+    return path
+
+
+def test_load_pretrained_copies_matching_tensors_only(tmp_path):
+    from bim_common.network import backbone_state_dict
+    from bim_common.segmentation import load_pretrained
+
+    torch.manual_seed(0)
+    source = build_unet(out_channels=1, features=SMALL)
+    path = _save(backbone_state_dict(source), tmp_path / "model.pt")
+    net = build_unet(out_channels=4, features=SMALL)
+    final_before = net.final_conv.weight.detach().clone()
+    load_pretrained(net, path)
+    report = net.pretrained_report
+    assert report["not_loaded"] == ["final_conv.bias", "final_conv.weight"]
+    assert torch.equal(net.conv_0.conv_0.conv.weight, source.conv_0.conv_0.conv.weight)
+    assert torch.equal(net.upcat_1.convs.conv_1.conv.weight, source.upcat_1.convs.conv_1.conv.weight)
+    assert torch.equal(net.final_conv.weight, final_before)
+
+
+def test_load_pretrained_accepts_wrapped_checkpoints(tmp_path):
+    from bim_common.segmentation import load_pretrained
+
+    source = build_unet(out_channels=2, features=SMALL)
+    # a bundle checkpoint: {"network": state dict of a model holding the U-Net as ``unet``}
+    wrapped = {"network": {f"unet.{k}": v for k, v in source.state_dict().items()}, "optimizer": {}}
+    net = load_pretrained(build_unet(out_channels=2, features=SMALL), _save(wrapped, tmp_path / "ckpt.pt"))
+    assert net.pretrained_report["not_loaded"] == []  # same out_channels: everything matched
+    assert torch.equal(net.final_conv.weight, source.final_conv.weight)
+    net = load_pretrained(build_unet(out_channels=2, features=SMALL), _save({"state_dict": source.state_dict()}, tmp_path / "sd.pt"))
+    assert len(net.pretrained_report["loaded"]) == len(source.state_dict())
+
+
+def test_load_pretrained_refuses_another_architecture(tmp_path):
+    from bim_common.segmentation import load_pretrained
+
+    other = _save(build_unet(out_channels=1, features=(4, 8, 16, 32, 64, 4)).state_dict(), tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other\.pt matches no tensor of the network"):
+        load_pretrained(build_unet(out_channels=2, features=SMALL), other)
+    lin = _save(torch.nn.Linear(3, 2).state_dict(), tmp_path / "linear.pt")
+    with pytest.raises(ValueError, match="linear.pt matches no tensor"):
+        load_pretrained(build_unet(out_channels=2, features=SMALL), lin)
+    with pytest.raises(FileNotFoundError, match="missing.pt does not exist"):
+        load_pretrained(build_unet(out_channels=2, features=SMALL), tmp_path / "missing.pt")
+    net = load_pretrained(build_unet(out_channels=2, features=SMALL), None)  # Baseline: random init
+    assert net.pretrained_report["loaded"] == []
+
+
+# ------------------------------------------------------------------------------------------------- augmentation
+
+
+def test_augment_keeps_image_and_label_aligned_and_pads_small_images():
+    from bim_common.segmentation import SegmentationAugment
+
+    g = torch.Generator().manual_seed(3)
+    label = torch.zeros(6, 1, 40, 50, dtype=torch.uint8)
+    label[:, :, 10:30, 15:40] = 1
+    image = label.float()
+    aug = SegmentationAugment(crop_size=64, max_rotation_deg=15, brightness=0.0, contrast=0.0, generator=g)
+    x, y = aug(image, label)
+    assert x.shape == (6, 1, 64, 64) and y.shape == (6, 1, 64, 64) and y.dtype == torch.uint8
+    assert set(torch.unique(y).tolist()) <= {0, 1}
+    agree = ((x > 0.5) == (y == 1)).float().mean().item()
+    assert agree > 0.99  # same matrix for both
+    # foreground area is preserved up to the zoom range (0.9-1.1) and interpolation
+    ratio = y.float().sum((1, 2, 3)) / (20 * 25)
+    assert torch.all(ratio > 0.75) and torch.all(ratio < 1.3)
+    jitter = SegmentationAugment(crop_size=32, generator=torch.Generator().manual_seed(0))
+    xs = jitter(torch.ones(4, 1, 32, 32))
+    assert xs.shape == (4, 1, 32, 32) and not torch.allclose(xs[0], xs[1])
+
+
+def test_augment_is_reproducible_from_the_generator():
+    from bim_common.segmentation import SegmentationAugment
+
+    img = torch.rand(3, 1, 48, 48)
+    lab = (img > 0.5).to(torch.uint8)
+    a = SegmentationAugment(crop_size=32, generator=torch.Generator().manual_seed(7))(img, lab)
+    b = SegmentationAugment(crop_size=32, generator=torch.Generator().manual_seed(7))(img, lab)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# --------------------------------------------------------------------------------------------- slice inference
+
+
+def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
+    from bim_common.inference import SliceBatchInferer
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=3, features=SMALL).eval()
+    vol = torch.rand(1, 1, 40, 37, 5)
+    with torch.no_grad():
+        out = SliceBatchInferer(divisor=16)(vol, net)
+        assert out.shape == (1, 3, 40, 37, 5) and out.dtype == torch.float32
+        # slice 2 alone, padded by hand to 48 x 48 the same way
+        sl = torch.nn.functional.pad(vol[..., 2], (5, 6, 4, 4))
+        ref = net(sl)[..., 4:44, 5:42]
+        assert torch.allclose(out[..., 2], ref, atol=1e-5)
+        chunked = SliceBatchInferer(divisor=16, max_slices=2)(vol, net)
+        assert torch.allclose(out, chunked, atol=1e-5)
+    with pytest.raises(ValueError, match="expects"):
+        SliceBatchInferer()(torch.rand(1, 4, 4), net)
+
+
+# ------------------------------------------------------------------------------------------- data and bad input
+
+
+def test_labelled_items_names_the_missing_subset():
+    from bim_common.segmentation import labelled_items
+
+    items = labelled_items(None, 0, 1)  # demo data set
+    assert len(items) == 1 and Path(items[0]["label"]).is_file()
+    with pytest.raises(ValueError, match=r"no key 'labelled_seed0_3'.*labelled_seed0_1, labelled_seed0_2, labelled_seed0_4"):
+        labelled_items(None, 0, 3)
+
+
+def test_dataset_dir_without_datalist(tmp_path):
+    from bim_common.segmentation import evaluation_items, labelled_items
+
+    with pytest.raises(FileNotFoundError, match="no datalist.json"):
+        labelled_items(tmp_path, 0, 1)
+    with pytest.raises(FileNotFoundError, match="no datalist.json"):
+        evaluation_items(tmp_path, "test")
+
+
+def test_task_store_refuses_labels_the_task_cannot_map(tmp_path):
+    import nibabel as nib
+    from monai.data import Dataset
+
+    from bim_common.data import volume_loader
+    from bim_common.segmentation import task_slice_store
+
+    img = np.random.rand(16, 16, 3).astype(np.float32)
+    lab = np.zeros((16, 16, 3), np.uint8)
+    lab[4:8, 4:8, 1] = 5
+    nib.save(nib.Nifti1Image(img, np.eye(4)), tmp_path / "img.nii.gz")
+    nib.save(nib.Nifti1Image(lab, np.eye(4)), tmp_path / "lab.nii.gz")
+    item = {"image": str(tmp_path / "img.nii.gz"), "label": str(tmp_path / "lab.nii.gz"), "scan": "s0"}
+    with pytest.raises(ValueError, match=r"lab\.nii\.gz: label values \[5\] cannot be mapped by task 'lv'"):
+        task_slice_store(Dataset([item], transform=volume_loader(True)), "lv")
+    lab[lab == 5] = 3
+    nib.save(nib.Nifti1Image(lab, np.eye(4)), tmp_path / "lab.nii.gz")
+    store = task_slice_store(Dataset([item], transform=volume_loader(True)), "lv")
+    assert store.label.shape == (3, 1, 16, 16) and int(store.label.sum()) == 16
+
+
+def test_empty_evaluation_list_is_a_clear_error(tmp_path):
+    (tmp_path / "datalist.json").write_text(json.dumps({"training": [], "validation": [], "test": []}))
+    from bim_common.segmentation import evaluation_items
+
+    with pytest.raises(ValueError, match="'validation' list .* is empty"):
+        evaluation_items(tmp_path, "validation")
