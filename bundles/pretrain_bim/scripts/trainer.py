@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from functools import partial
 
 import torch
 from monai.engines import SupervisedTrainer
@@ -27,7 +28,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
     2. the pair transform T draws one random state: T(x) on the image (gamma + affine);
     3. one forward pass of the U-Net on [x, T(x)] under bf16 autocast gives global and dense embeddings;
     4. p_hat = g(s(T(x))), p_tilde = g(T(s(x))) (the same affine applied to the dense embedding of x),
-       compared only where T maps inside the image;
+       compared only where T maps inside the image; L_CC correlates the edges of T(x) with the entropy of p_hat;
     5. losses in fp32: ``total = w_con * L_con + w_cc * L_CC + w_mi * L_MI`` (+ the baselines' IMSAT and
        local-contrast terms when their weights are non-zero).
 
@@ -50,6 +51,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
         cc_window: int = 5,
         bf16: bool = True,
         diagnostics_every: int = 50,
+        compile_losses: bool = False,
         **kwargs,
     ) -> None:
         kwargs.setdefault("decollate", False)
@@ -66,6 +68,10 @@ class BIMPretrainTrainer(SupervisedTrainer):
         self.crop_size, self.alpha, self.temperature = int(crop_size), float(alpha), float(temperature)
         self.local_temperature, self.edge, self.edge_power, self.cc_window = local_temperature, edge, edge_power, cc_window
         self.bf16, self.diagnostics_every = bool(bf16), int(diagnostics_every)
+        objectives = partial(
+            dense_objectives, alpha=self.alpha, edge=edge, edge_power=edge_power, cc_window=cc_window, bf16=self.bf16
+        )
+        self._dense_objectives = torch.compile(objectives) if compile_losses else objectives
         self.needs_decoder = any(self.loss_weights[k] for k in ("mi", "cc", "imsat", "local_con"))
 
     @property
@@ -103,24 +109,12 @@ class BIMPretrainTrainer(SupervisedTrainer):
             labels = batch["partition"].repeat(2)
             out["con"] = L.supervised_contrastive_loss(z.float(), labels, self.temperature)
         if w["mi"] or w["cc"] or w["imsat"]:
-            with self._autocast():
-                heads = model.cluster_head(torch.cat([d_tx, d_tilde, d_x]))  # list over sub-heads
-            p_hat = [h[:b] for h in heads]
-            p_tilde = [h[b : 2 * b] for h in heads]
-            p_x = [h[2 * b :] for h in heads]
-            if w["mi"]:
-                out["mi"] = torch.stack([L.mi_loss(ph, pt, self.alpha, mask) for ph, pt in zip(p_hat, p_tilde)]).mean()
-            if w["cc"]:
-                cc = [
-                    0.5 * (L.cc_loss(x_t, ph, self.edge, self.edge_power, self.cc_window)
-                           + L.cc_loss(x, px, self.edge, self.edge_power, self.cc_window))
-                    for ph, px in zip(p_hat, p_x)
-                ]
-                out["cc"] = torch.stack(cc).mean()
-            if w["imsat"]:
-                out["imsat"] = torch.stack([L.imsat_loss(ph, pt, mask=mask) for ph, pt in zip(p_hat, p_tilde)]).mean()
+            dense_losses, p_hat0 = self._dense_objectives(
+                model.cluster_head, d_tx, d_tilde, x_t, mask, w["mi"] > 0, w["cc"] > 0, w["imsat"] > 0
+            )
+            out.update(dense_losses)
             if self.diagnostics_every and (self.state.iteration % self.diagnostics_every == 0):
-                usage = L.cluster_usage(p_hat[0].detach(), mask)
+                usage = L.cluster_usage(p_hat0.detach(), mask)
                 out.update({k: torch.as_tensor(v, dtype=torch.float32) for k, v in usage.items()})
         if w["local_con"]:
             with self._autocast():
@@ -139,3 +133,29 @@ class BIMPretrainTrainer(SupervisedTrainer):
         engine.optimizer.step()
         return {k: v.detach() for k, v in out.items()}
 
+
+
+def dense_objectives(
+    cluster_head, d_hat, d_tilde, image_t, mask, use_mi: bool, use_cc: bool, use_imsat: bool,
+    alpha: float = 0.5, edge: str = "sobel", edge_power: float = 0.75, cc_window: int = 5, bf16: bool = True,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The dense losses of one batch, averaged over the cluster sub-heads (one function, so it compiles into
+    few fused kernels: the [2B, K, H, W] probabilities are the largest tensors of the step).
+
+    ``d_hat`` = s(T(x)) and ``d_tilde`` = T(s(x)) are dense embeddings, ``image_t`` = T(x) is the image that
+    p_hat = g(s(T(x))) is pixel-aligned with (L_CC correlates its edges with the entropy of p_hat), ``mask``
+    marks pixels that T maps inside the image. Returns the losses and the first sub-head's p_hat.
+    """
+    b = d_hat.shape[0]
+    with bf16_autocast(d_hat.device, bf16):
+        heads = cluster_head(torch.cat([d_hat, d_tilde]))  # list over sub-heads, fp32 softmax
+    p_hat = [h[:b] for h in heads]
+    p_tilde = [h[b:] for h in heads]
+    out: dict[str, torch.Tensor] = {}
+    if use_mi:
+        out["mi"] = torch.stack([L.mi_loss(ph, pt, alpha, mask) for ph, pt in zip(p_hat, p_tilde)]).mean()
+    if use_cc:
+        out["cc"] = torch.stack([L.cc_loss(image_t, ph, edge, edge_power, cc_window) for ph in p_hat]).mean()
+    if use_imsat:
+        out["imsat"] = torch.stack([L.imsat_loss(ph, pt, mask=mask) for ph, pt in zip(p_hat, p_tilde)]).mean()
+    return out, p_hat[0]
