@@ -1,0 +1,274 @@
+"""End-to-end tests of the finetune_seg bundle on the synthetic demo data, on the CPU.
+
+pre-train (tiny) -> fine-tune 1 labelled scan (LV) -> evaluate -> inference (``monai.bundle run``), MONAI Label's
+BundleInferTask contract, TorchScript export, ``verify_net_in_out``, bundle properties and resume. Bundles run in
+subprocesses from the repository root, as docs/README.md tells; a small U-Net (8-128) keeps them fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / "bundles" / "finetune_seg"
+CONFIGS = BUNDLE / "configs"
+SMALL = "[8,16,32,64,128,8]"
+SMALL_TUPLE = (8, 16, 32, 64, 128, 8)
+
+
+def monai_bundle(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "monai.bundle", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"monai.bundle {args[:3]} failed ({proc.returncode}):\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def run_config(configs, **overrides) -> subprocess.CompletedProcess:
+    files = [f"bundles/finetune_seg/configs/{c}" for c in ([configs] if isinstance(configs, str) else configs)]
+    cfg = files[0] if len(files) == 1 else "[" + ",".join(f"'{f}'" for f in files) + "]"
+    args = ["run", "--config_file", cfg, "--logging_file", "bundles/finetune_seg/configs/logging.conf"]
+    for k, v in overrides.items():
+        args += [f"--{k}", str(v)]
+    return monai_bundle(*args)
+
+
+def purge_scripts() -> None:
+    for name in [m for m in sys.modules if m == "scripts" or m.startswith("scripts.")]:
+        del sys.modules[name]
+
+
+FAST = dict(features=SMALL, crop_size=96, batch_size=8, progress_bar=False, log_every=25)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pretrain")
+    monai_bundle(
+        "run", "--config_file", "bundles/pretrain_bim/configs/train.json", "--output_dir", str(out), "--epochs", "1",
+        "--iters_per_epoch", "4", "--crop_size", "64", "--scans_per_batch", "2", "--features", SMALL,
+        "--progress_bar", "false", "--panel_every", "1000",
+    )
+    assert (out / "model.pt").is_file()
+    return out / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, pretrained) -> dict:
+    """Fine-tune LV from 1 labelled scan: 3 epochs x 40 iterations, batch 8, 96 x 96 crops, peak LR 3e-3."""
+    out = tmp_path_factory.mktemp("finetune")
+    proc = run_config("train.json", output_dir=out, pretrained=pretrained, task="lv", labelled_scans=1, epochs=3,
+                      iters_per_epoch=40, warmup_epochs=1, learning_rate=0.003, **FAST)
+    return {"dir": out, "log": proc.stdout + proc.stderr}
+
+
+def test_pretrained_weights_loaded_except_final_conv(finetuned):
+    log = finetuned["log"]
+    assert "pretrained: loaded 134/136 tensors of the network" in log
+    assert "not loaded (kept their initialisation): final_conv.bias, final_conv.weight" in log
+    best = json.loads((finetuned["dir"] / "best_metric.json").read_text())
+    assert best["metric"] == "val_mean_dice" and best["task"] == "lv" and 1 <= best["epoch"] <= 3
+    state = torch.load(finetuned["dir"] / "model.pt", weights_only=True)  # plain state dict
+    assert state["final_conv.weight"].shape == (2, 8, 1, 1)
+
+
+def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
+    run_config(["train.json", "evaluate.json"], output_dir=finetuned["dir"], features=SMALL, task="lv", labelled_scans=1)
+    summary = json.loads((finetuned["dir"] / "eval" / "lv_n1_seed0_summary.json").read_text())
+    rows = (finetuned["dir"] / "eval" / "lv_n1_seed0_dice.csv").read_text().splitlines()
+    assert rows[0] == "scan,dice" and len(rows) == 1 + summary["n"] == 5
+    dice = [float(r.split(",")[1]) for r in rows[1:]]
+    assert summary["mean"] == pytest.approx(np.mean(dice), abs=1e-5)
+    assert summary["std"] == pytest.approx(np.std(dice), abs=1e-5)
+    assert summary["checkpoint"].endswith("model.pt") and summary["task"] == "lv"
+
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.network import build_unet
+
+    torch.manual_seed(0)
+    untrained = tmp_path / "untrained"
+    untrained.mkdir()
+    torch.save(build_unet(out_channels=2, features=SMALL_TUPLE).state_dict(), untrained / "model.pt")
+    run_config(["train.json", "evaluate.json"], output_dir=untrained, features=SMALL, task="lv", labelled_scans=1)
+    base = json.loads((untrained / "eval" / "lv_n1_seed0_summary.json").read_text())
+    print(f"test Dice: fine-tuned {summary['mean']:.3f}, untrained {base['mean']:.3f}")
+    assert summary["mean"] > base["mean"] + 0.2, (summary, base)
+
+
+def _raw_scan(tmp_path: Path) -> tuple[Path, Path]:
+    """A raw synthetic scan at its own spacing (not 1 mm), as a user would give it to inference."""
+    from data_prep import ensure_demo_dataset
+
+    raw = Path(ensure_demo_dataset()) / "raw" / "training" / "patient002"
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(raw / "patient002_frame01.nii.gz", src / "case.nii.gz")
+    return src / "case.nii.gz", raw / "patient002_frame01_gt.nii.gz"
+
+
+def test_inference_writes_masks_in_the_input_geometry(finetuned, tmp_path):
+    import nibabel as nib
+
+    sys.path.insert(0, str(ROOT))
+    image, gt = _raw_scan(tmp_path)
+    out = tmp_path / "out"
+    run_config("inference.json", dataset_dir=image.parent, output_dir=out, ckpt_path=finetuned["dir"] / "model.pt",
+               features=SMALL, task="lv")
+    mask = nib.load(out / "case_seg.nii.gz")
+    src = nib.load(image)
+    assert mask.shape == src.shape
+    np.testing.assert_allclose(mask.affine, src.affine, atol=1e-4)
+    assert abs(float(src.header.get_zooms()[0]) - 1.0) > 0.1  # really resampled and back
+    pred = np.asarray(mask.dataobj)
+    truth = np.asarray(nib.load(gt).dataobj) == 3
+    assert set(np.unique(pred)) <= {0, 1}
+    dice = 2 * np.logical_and(pred == 1, truth).sum() / ((pred == 1).sum() + truth.sum())
+    assert dice > 0.5, dice
+
+
+def test_bundle_infer_task_contract(finetuned, tmp_path):
+    """Load the bundle as MONAI Label's BundleInferTask does: bundle path on sys.path, ``scripts`` unloaded,
+    ConfigParser on configs/inference.json with ``bundle_root`` set, network_def + models/model.pt, first input /
+    output keys of the metadata, preprocessing / inferer / postprocessing (SaveImaged filtered out)."""
+    import nibabel as nib
+    from monai.bundle import ConfigParser
+    from monai.transforms import Compose, SaveImaged
+
+    # a copy of the bundle with its model where BundleInferTask looks for it
+    bundle = tmp_path / "bundles" / "finetune_seg"
+    shutil.copytree(BUNDLE / "configs", bundle / "configs")
+    shutil.copytree(BUNDLE / "scripts", bundle / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "bundles" / "bim_common").symlink_to(ROOT / "bundles" / "bim_common")
+    (bundle / "models").mkdir()
+    shutil.copy(finetuned["dir"] / "model.pt", bundle / "models" / "model.pt")
+    image, _ = _raw_scan(tmp_path)
+
+    sys.path.insert(0, str(bundle))
+    purge_scripts()
+    try:
+        parser = ConfigParser()
+        parser.read_config(str(bundle / "configs" / "inference.json"))
+        parser.config.update({"bundle_root": str(bundle), "features": list(SMALL_TUPLE), "device": "cpu"})
+        meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+        key_image = next(iter(meta["network_data_format"]["inputs"]))
+        key_pred = next(iter(meta["network_data_format"]["outputs"]))
+        assert (key_image, key_pred) == ("image", "pred")
+        network = parser.get_parsed_content("network_def", instantiate=True)
+        network.load_state_dict(torch.load(bundle / "models" / "model.pt", map_location="cpu", weights_only=True))
+        network.eval()
+        pre = parser.get_parsed_content("preprocessing", instantiate=True)
+        inferer = parser.get_parsed_content("inferer", instantiate=True)
+        post = parser.get_parsed_content("postprocessing", instantiate=True)
+        post = [t for t in (post.transforms if isinstance(post, Compose) else post) if not isinstance(t, SaveImaged)]
+        assert parser.get_parsed_content("bundle_root") == str(bundle)
+        assert str(parser.get_parsed_content("ckpt_path")) == str(bundle / "models" / "model.pt")
+        assert len(meta["network_data_format"]["outputs"]["pred"]["channel_def"]) == parser.get_parsed_content("num_classes")
+
+        data = Compose(pre.transforms if isinstance(pre, Compose) else pre)({key_image: str(image)})
+        with torch.no_grad():
+            data[key_pred] = inferer(data[key_image][None], network)[0]
+        data = Compose(post)(data)
+    finally:
+        sys.path.remove(str(bundle))
+        purge_scripts()
+    src = nib.load(image)
+    pred = data[key_pred]
+    assert tuple(pred.shape) == (1, *src.shape)
+    np.testing.assert_allclose(np.asarray(pred.affine), src.affine, atol=1e-4)
+    assert set(torch.unique(pred).tolist()) <= {0, 1} and pred.sum() > 0
+
+
+def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):
+    env = {"PYTHONPATH": str(BUNDLE)}
+    meta, cfg = "bundles/finetune_seg/configs/metadata.json", "bundles/finetune_seg/configs/inference.json"
+    ts = tmp_path / "model.ts"
+    monai_bundle("ckpt_export", "network_def", "--filepath", str(ts), "--ckpt_file", str(finetuned["dir"] / "model.pt"),
+                 "--meta_file", meta, "--config_file", cfg, "--features", SMALL, env=env)
+    scripted = torch.jit.load(str(ts))
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.network import build_unet
+
+    net = build_unet(out_channels=2, features=SMALL_TUPLE)
+    net.load_state_dict(torch.load(finetuned["dir"] / "model.pt", weights_only=True))
+    x = torch.rand(2, 1, 64, 48)
+    with torch.no_grad():
+        assert torch.allclose(scripted.eval()(x), net.eval()(x), atol=1e-4)
+    proc = monai_bundle("verify_net_in_out", "network_def", "--meta_file", meta, "--config_file", cfg, env=env)
+    assert "verified with no error" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "configs,workflow_type,overrides",
+    [
+        (["train.json"], "train", {}),
+        (["train.json", "evaluate.json"], "infer", {}),
+        (["inference.json"], "infer", {}),
+    ],
+    ids=["train", "evaluate", "inference"],
+)
+def test_bundle_properties(configs, workflow_type, overrides, finetuned, tmp_path):
+    from monai.bundle import ConfigWorkflow
+
+    purge_scripts()
+    sys.path.insert(1, str(BUNDLE))
+    try:
+        files = [str(CONFIGS / c) for c in configs]
+        extra = {"output_dir": str(finetuned["dir"]), "features": list(SMALL_TUPLE)}
+        if configs == ["inference.json"]:
+            image, _ = _raw_scan(tmp_path)
+            extra = {"dataset_dir": str(image.parent), "ckpt_path": str(finetuned["dir"] / "model.pt"),
+                     "output_dir": str(tmp_path / "pred"), "features": list(SMALL_TUPLE)}
+        wf = ConfigWorkflow(config_file=files if len(files) > 1 else files[0], meta_file=str(CONFIGS / "metadata.json"),
+                            logging_file=str(CONFIGS / "logging.conf"), workflow_type=workflow_type, **extra, **overrides)
+        wf.initialize()
+        assert wf.check_properties() == []
+    finally:
+        sys.path.remove(str(BUNDLE))
+        purge_scripts()
+
+
+def test_unknown_task_fails_with_a_clear_error():
+    from monai.bundle import ConfigParser
+
+    purge_scripts()
+    sys.path.insert(1, str(BUNDLE))
+    try:
+        for config in ("train.json", "inference.json"):
+            parser = ConfigParser()
+            parser.read_config(str(CONFIGS / config))
+            parser["task"] = "liver"
+            with pytest.raises(Exception, match=r"unknown task 'liver'; choose one of \['acdc', 'lv', 'myo', 'prostate', 'rv'\]"):
+                parser.get_parsed_content("network_def")
+    finally:
+        sys.path.remove(str(BUNDLE))
+        purge_scripts()
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    """2 epochs in one go == 1 epoch, stop, then resumed to 2 epochs (same weights, bit for bit)."""
+    common = dict(FAST, crop_size=64, batch_size=2, iters_per_epoch=3, save_every=3, learning_rate=0.003,
+                  warmup_epochs=1, task="acdc")
+    run_config("train.json", output_dir=tmp_path / "straight", epochs=2, **common)
+    run_config("train.json", output_dir=tmp_path / "resumed", epochs=1, **common)
+    proc = run_config("train.json", output_dir=tmp_path / "resumed", epochs=2, **common)
+    log = proc.stdout + proc.stderr
+    assert f"resuming from {tmp_path / 'resumed' / 'checkpoint_last.pt'}" in log
+    a = torch.load(tmp_path / "straight" / "checkpoint_final.pt", weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "checkpoint_final.pt", weights_only=True)
+    assert a["trainer"]["iteration"] == b["trainer"]["iteration"] == 6
+    for k in a["network"]:
+        assert torch.equal(a["network"][k], b["network"][k]), k
+    assert a["best_saver"]["best_epoch"] == b["best_saver"]["best_epoch"]
+    best = json.loads((tmp_path / "resumed" / "best_metric.json").read_text())
+    assert best["task"] == "acdc"
