@@ -1,0 +1,30 @@
+"""The semi-supervised trainer: one Ignite/MONAI engine for Mean Teacher and the paper's baselines."""
+
+from __future__ import annotations
+
+from monai.engines import SupervisedTrainer
+from monai.utils import CommonKeys as Keys
+
+from bim_common.semi_supervised import SemiSupervisedStep
+
+
+class SemiSupervisedTrainer(SupervisedTrainer):
+    """One iteration, all on the device: the :class:`~bim_common.semi_supervised.PairedSliceSampler` gives a
+    labelled and an unlabelled batch of full slices; :class:`~bim_common.semi_supervised.SemiSupervisedStep`
+    builds the views, runs the student (and the teacher / discriminator of the method), steps the optimisers and
+    updates the EMA teacher. The LR schedule is stepped per iteration by an ``LrScheduleHandler``.
+
+    The engine output holds ``loss`` (total), ``image``/``label``/``pred`` of the labelled student view and
+    ``terms`` (``loss_sup``, ``loss_reg``, the ramped ``weight``, and per method ``threshold``,
+    ``certain_fraction`` (UA-MT) or ``loss_disc`` (adversarial)) as Python floats-to-be (0-d tensors)."""
+
+    def __init__(self, *args, step: SemiSupervisedStep, **kwargs) -> None:
+        kwargs.setdefault("decollate", False)
+        super().__init__(*args, **kwargs)
+        self.ssl_step = step
+
+    def _iteration(self, engine, batchdata: dict) -> dict:
+        out = self.ssl_step(engine.network, batchdata, engine.state.iteration - 1)
+        terms = {k: v for k, v in out.items() if k not in ("image", "label", "pred", "loss")}
+        return {Keys.LOSS: out["loss"], Keys.IMAGE: out["image"], Keys.LABEL: out["label"],
+                Keys.PRED: out["pred"].detach(), "terms": terms}
