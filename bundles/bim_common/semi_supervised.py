@@ -378,17 +378,21 @@ class SemiSupervisedStep:
     def _ua_mt(self, student, batch, iteration, w):
         return self._consistency(student, batch, iteration, uncertainty=True)
 
+    def mix_pairs(self, x: torch.Tensor, target: torch.Tensor, alpha: float):
+        """Mixup of each sample with a random partner: ``(mix(x, x[perm], lam), mix(target, target[perm], lam),
+        lam, perm)``, ``lam`` [B] ~ Beta(alpha, alpha), ``perm`` a random permutation of the batch."""
+        perm = torch.randperm(x.shape[0], generator=self.generator).to(x.device)
+        lam = sample_beta(alpha, x.shape[0]).to(x.device)
+        return mix(x, x[perm], lam), mix(target, target[perm], lam), lam, perm
+
     def _ict(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
         x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        prob_t = self.teacher_prob(x_u)
-        b_u = x_u.shape[0]
-        perm = torch.randperm(b_u, generator=self.generator).to(x_u.device)
-        lam = sample_beta(self.ict_alpha, b_u).to(x_u.device)
-        logits = self._forward(student, torch.cat([x, mix(x_u, x_u[perm], lam)]))
+        x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.ict_alpha)
+        logits = self._forward(student, torch.cat([x, x_mix]))
         b_l = x.shape[0]
         return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
-                "loss_reg": softmax_mse(logits[b_l:], mix(prob_t, prob_t[perm], lam)),
+                "loss_reg": softmax_mse(logits[b_l:], target),
                 "image": x, "label": y, "pred": logits[:b_l]}
 
     def _entropy_min(self, student, batch, iteration, w):
@@ -402,12 +406,11 @@ class SemiSupervisedStep:
     def _mixup(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
         b_l = x.shape[0]
-        perm = torch.randperm(b_l, generator=self.generator).to(x.device)
-        lam = sample_beta(self.mixup_alpha, b_l).to(x.device)
         onehot = F.one_hot(y[:, 0].long(), self.num_classes).permute(0, 3, 1, 2).float()
-        logits = self._forward(student, torch.cat([x, mix(x, x[perm], lam)]))
+        x_mix, target, _, _ = self.mix_pairs(x, onehot, self.mixup_alpha)
+        logits = self._forward(student, torch.cat([x, x_mix]))
         return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
-                "loss_reg": soft_cross_entropy(logits[b_l:], mix(onehot, onehot[perm], lam)),
+                "loss_reg": soft_cross_entropy(logits[b_l:], target),
                 "image": x, "label": y, "pred": logits[:b_l]}
 
     def _adversarial(self, student, batch, iteration, w):

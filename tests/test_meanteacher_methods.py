@@ -1,0 +1,352 @@
+"""Defining properties of the semi-supervised methods of meanteacher_seg (bim_common.semi_supervised), on the CPU.
+
+EMA teacher, consistency ramp-up, UA-MT threshold and mask, ICT / MixUp targets, teacher-student geometric
+alignment, entropy minimisation, adversarial training, pretrained initialisation of both networks.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bundles"))
+
+from bim_common import semi_supervised as ss  # noqa: E402
+from bim_common.network import build_unet  # noqa: E402
+from bim_common.segmentation import SegmentationAugment, load_pretrained  # noqa: E402
+
+TINY = (4, 8, 8, 16, 16, 4)
+
+
+def _batch(b_l=2, b_u=2, size=48, seed=0, classes=2):
+    g = torch.Generator().manual_seed(seed)
+    return {"image": torch.rand(b_l, 1, size, size, generator=g),
+            "label": torch.randint(0, classes, (b_l, 1, size, size), generator=g).to(torch.uint8),
+            "unlabelled": torch.rand(b_u, 1, size, size, generator=g)}
+
+
+def _step(method, net, crop=32, **kwargs):
+    teacher = ss.ema_teacher(net, kwargs.pop("decay", 0.99)) if method in ss.TEACHER_METHODS else None
+    opt = torch.optim.SGD(net.parameters(), lr=kwargs.pop("lr", 0.1))
+    aug = kwargs.pop("augment", None) or SegmentationAugment(crop_size=crop, generator=torch.Generator().manual_seed(1))
+    return ss.SemiSupervisedStep(method, aug, opt, kwargs.pop("num_classes", 2), teacher=teacher, **kwargs)
+
+
+def _float_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
+
+
+class OneHotNet(nn.Module):
+    """An identity-like 'segmentation network': logits 20 * one_hot(round(x)) for images of 0/1 values, so its
+    prediction is the image itself (pixel-wise: it commutes with any resampling that moves whole pixels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        fg = x.round().clamp(0, 1)
+        return 20 * torch.cat([1 - fg, fg], dim=1) + 0 * self.dummy
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+
+
+def test_sigmoid_rampup_values():
+    assert ss.sigmoid_rampup(0, 100) == pytest.approx(math.exp(-5))
+    assert ss.sigmoid_rampup(50, 100) == pytest.approx(math.exp(-1.25))
+    assert ss.sigmoid_rampup(80, 100) == pytest.approx(math.exp(-5 * 0.04))
+    assert ss.sigmoid_rampup(100, 100) == 1.0 and ss.sigmoid_rampup(1000, 100) == 1.0
+    assert ss.sigmoid_rampup(7, 0) == 1.0
+    values = [ss.sigmoid_rampup(i, 100) for i in range(0, 101, 5)]
+    assert all(a < b for a, b in zip(values, values[1:]))
+
+
+def test_step_weight_is_ramped_and_total_loss_is_sup_plus_weighted_reg():
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("entropy_min", net, weight=0.5, rampup_iterations=10)
+    for it in (0, 5, 10, 30):
+        out = step(net, _batch(), it)
+        assert out["weight"] == pytest.approx(0.5 * ss.sigmoid_rampup(it, 10))
+        assert float(out["loss"]) == pytest.approx(float(out["loss_sup"]) + out["weight"] * float(out["loss_reg"]), rel=1e-5)
+
+
+def test_uncertainty_threshold_goes_from_three_quarters_ln_c_to_ln_c():
+    for c in (2, 4):
+        assert ss.uncertainty_threshold(0, 1000, c) == pytest.approx(0.75 * math.log(c))
+        assert ss.uncertainty_threshold(500, 1000, c) == pytest.approx(0.875 * math.log(c))
+        assert ss.uncertainty_threshold(1000, 1000, c) == pytest.approx(math.log(c))
+        assert ss.uncertainty_threshold(5000, 1000, c) == pytest.approx(math.log(c))
+    with pytest.raises(ValueError):
+        ss.uncertainty_threshold(0, 10, 1)
+
+
+# ---------------------------------------------------------------------------------------------- Mean Teacher
+
+
+def test_teacher_is_the_ema_of_the_student_after_n_steps():
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    decay = 0.9  # 0.99 in the bundle; a smaller decay makes the EMA differ more from the student
+    step = _step("mean_teacher", net, decay=decay, lr=0.5, weight=1.0)
+    expected = _float_state(net)  # the teacher starts as the student
+    assert all(torch.equal(v, _float_state(step.teacher.module)[k]) for k, v in expected.items())
+    for it in range(4):
+        step(net, _batch(seed=it), it)
+        student = _float_state(net)
+        expected = {k: decay * expected[k] + (1 - decay) * student[k] for k in expected}
+    teacher = _float_state(step.teacher.module)
+    assert set(teacher) == set(expected)  # parameters and BatchNorm running statistics
+    for k in expected:
+        torch.testing.assert_close(teacher[k], expected[k], rtol=1e-5, atol=1e-6)
+    moved = [k for k in expected if not torch.allclose(teacher[k], student[k], atol=1e-6)]
+    assert len(moved) > len(expected) // 2  # the teacher lags the student
+    assert not any(p.requires_grad for p in step.teacher.parameters())
+
+
+def test_bundle_decay_is_099_and_uses_averaged_model():
+    net = build_unet(out_channels=2, features=TINY)
+    teacher = ss.ema_teacher(net)
+    assert isinstance(teacher, torch.optim.swa_utils.AveragedModel) and teacher.decay == 0.99
+    assert teacher.use_buffers and int(teacher.n_averaged) == 1
+
+
+def _exact_augment(seed=0):
+    """Crop + flips only: every resampling moves whole pixels, so warps commute exactly with pixel-wise maps."""
+    return SegmentationAugment(crop_size=32, max_rotation_deg=0.0, scale_range=(1.0, 1.0), flip_prob=0.5,
+                               brightness=0.0, contrast=0.0, generator=torch.Generator().manual_seed(seed))
+
+
+def _blobs(n, size=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    out = torch.zeros(n, 1, size, size)
+    for i in range(n):
+        cy, cx, r = (torch.rand(3, generator=g) * torch.tensor([20, 20, 6]) + torch.tensor([14, 14, 5])).tolist()
+        out[i, 0] = (((yy - cy) ** 2 + (xx - cx) ** 2) < r * r).float()
+    return out
+
+
+def test_geometric_alignment_with_an_identity_like_network():
+    net = OneHotNet()
+    step = _step("mean_teacher", net, augment=_exact_augment(), view_rotation_deg=0.0, view_scale_range=(1.0, 1.0),
+                 view_flip_prob=0.5)
+    step.teacher = net
+    x = _blobs(6)
+    t_view, s_view, _, a = step.teacher_student_views(x)
+    assert not torch.equal(t_view, s_view)  # different views (flips)...
+    p_t = torch.softmax(net(t_view), 1)
+    p_s = torch.softmax(net(s_view), 1)
+    torch.testing.assert_close(ss.warp(p_t, a), p_s)  # ... whose predictions align once the teacher's is warped by A
+    assert (p_t - p_s).abs().max() > 0.5
+
+    # the Mean Teacher consistency of the step is therefore exactly 0 for this network
+    batch = {"image": _blobs(2, seed=1), "label": _blobs(2, seed=1).to(torch.uint8), "unlabelled": _blobs(3, seed=2)}
+    terms = step._mean_teacher(net, batch, 0, 1.0)
+    assert float(terms["loss_reg"]) < 1e-10
+    assert terms["label"].shape == (2, 1, 32, 32)
+    torch.testing.assert_close(terms["label"].float(), terms["image"].round())  # label warped with the student's view
+
+
+def test_geometric_alignment_with_rotations_and_zoom():
+    """With the bundle's random rotation/zoom (bilinear resampling) the warped teacher prediction matches the
+    student's up to interpolation, far better than the unwarped one."""
+    torch.manual_seed(0)
+    net = nn.Conv2d(1, 2, 1)  # a pixel-wise linear 'network'
+    step = _step("mean_teacher", net, augment=SegmentationAugment(crop_size=32, brightness=0.0, contrast=0.0),
+                 view_rotation_deg=30.0)
+    x = torch.nn.functional.avg_pool2d(_blobs(8), 5, stride=1, padding=2)  # smooth images
+    t_view, s_view, _, a = step.teacher_student_views(x)
+    with torch.no_grad():
+        p_t, p_s = torch.softmax(net(t_view), 1), torch.softmax(net(s_view), 1)
+        inside = (ss.warp(torch.ones_like(t_view), a) > 0.999).float()
+        aligned = ((ss.warp(p_t, a) - p_s).abs() * inside).sum() / inside.sum()
+        unaligned = ((p_t - p_s).abs() * inside).sum() / inside.sum()
+    assert aligned < 0.1 * unaligned, (float(aligned), float(unaligned))
+
+
+# ---------------------------------------------------------------------------------------------------- UA-MT
+
+
+class RampNet(nn.Module):
+    """Pixel-wise logits k * x * (0, 1, ..., C-1): entropy ln C at x = 0, decreasing with x."""
+
+    def __init__(self, classes=4, k=3.0):
+        super().__init__()
+        self.register_buffer("w", k * torch.arange(classes, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_ua_mt_mask_grows_as_the_threshold_rises():
+    net = RampNet()
+    step = _step("ua_mt", build_unet(out_channels=4, features=TINY), num_classes=4, total_iterations=100,
+                 uncertainty_noise=0.05)
+    step.teacher = net
+    x = torch.linspace(0, 1, 32 * 32).view(1, 1, 32, 32).repeat(2, 1, 1, 1)
+    unc = step.teacher_uncertainty(x)
+    assert unc.shape == (2, 1, 32, 32)
+    assert float(unc.max()) <= math.log(4) + 1e-5 and float(unc.min()) < 0.75 * math.log(4)
+    fractions = [float((unc < ss.uncertainty_threshold(it, 100, 4)).float().mean()) for it in range(0, 101, 10)]
+    assert all(a <= b for a, b in zip(fractions, fractions[1:])), fractions
+    assert fractions[0] < 0.9 and fractions[-1] > fractions[0] + 0.05, fractions
+
+    # uncertainty = entropy of the mean of the noisy passes: without noise, the entropy of the prediction
+    step.uncertainty_noise = 0.0
+    torch.testing.assert_close(step.teacher_uncertainty(x), ss.entropy_map(torch.softmax(net(x), 1)))
+
+
+def test_ua_mt_step_reports_threshold_and_masks_the_consistency():
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("ua_mt", net, total_iterations=10)
+    out0 = step(net, _batch(), 0)
+    out9 = step(net, _batch(seed=1), 10)
+    assert out0["threshold"] == pytest.approx(0.75 * math.log(2)) and out9["threshold"] == pytest.approx(math.log(2))
+    assert 0.0 <= float(out0["certain_fraction"]) <= 1.0 and float(out9["certain_fraction"]) > 0.0
+
+
+# ------------------------------------------------------------------------------------------------ ICT / MixUp
+
+
+def test_mixup_pairs_mix_inputs_and_targets_with_the_same_lambda():
+    step = _step("ict", build_unet(out_channels=3, features=TINY), num_classes=3)
+    torch.manual_seed(3)
+    x = torch.arange(4, dtype=torch.float32).view(4, 1, 1, 1).expand(4, 1, 8, 8).clone()  # image i is constant i
+    target = torch.nn.functional.one_hot(torch.tensor([0, 1, 2, 1]), 3).float().view(4, 3, 1, 1).expand(4, 3, 8, 8)
+    x_mix, t_mix, lam, perm = step.mix_pairs(x, target, alpha=0.1)
+    assert sorted(perm.tolist()) == [0, 1, 2, 3] and ((lam >= 0) & (lam <= 1)).all()
+    for i in range(4):
+        j = int(perm[i])
+        torch.testing.assert_close(x_mix[i], lam[i] * x[i] + (1 - lam[i]) * x[j])
+        torch.testing.assert_close(t_mix[i], lam[i] * target[i] + (1 - lam[i]) * target[j])
+    torch.testing.assert_close(t_mix.sum(1), torch.ones(4, 8, 8))
+    # Beta(0.1, 0.1) puts its mass near 0 and 1 (ICT's alpha); Beta(1, 1) is uniform (MixUp)
+    draws = ss.sample_beta(0.1, 4000)
+    assert float(((draws < 0.1) | (draws > 0.9)).float().mean()) > 0.6
+    assert float(ss.sample_beta(1.0, 4000).mean()) == pytest.approx(0.5, abs=0.03)
+
+
+def test_ict_student_matches_the_mix_of_teacher_predictions(monkeypatch):
+    """The ICT regulariser is MSE(softmax(student(mix(x, x'))), mix(p_t(x), p_t(x'))): recomputed by hand from
+    the recorded mixing."""
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("ict", net)
+    seen = {}
+    orig = step.mix_pairs
+
+    def spy(x, target, alpha):
+        out = orig(x, target, alpha)
+        seen.update(x=x, target=target, out=out, alpha=alpha)
+        return out
+
+    monkeypatch.setattr(step, "mix_pairs", spy)
+    net.eval()  # BatchNorm in eval mode so the student can be re-run identically below
+    terms = step._ict(net, _batch(), 0, 1.0)
+    x_mix, t_mix, lam, perm = seen["out"]
+    assert seen["alpha"] == 0.1
+    torch.testing.assert_close(seen["target"], step.teacher_prob(seen["x"]))
+    torch.testing.assert_close(t_mix, lam.view(-1, 1, 1, 1) * seen["target"] + (1 - lam.view(-1, 1, 1, 1)) * seen["target"][perm])
+    with torch.no_grad():
+        expected = ((torch.softmax(net(x_mix), 1) - t_mix) ** 2).mean()
+    assert float(terms["loss_reg"]) == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_mixup_target_is_the_mix_of_the_two_one_hot_labels(monkeypatch):
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("mixup", net)
+    seen = {}
+    orig = step.mix_pairs
+    monkeypatch.setattr(step, "mix_pairs", lambda x, t, a: seen.setdefault("out", orig(x, t, a)) and seen.update(t=t, a=a) or seen["out"])
+    terms = step._mixup(net, _batch(b_l=4), 0, 1.0)
+    _, t_mix, lam, perm = seen["out"]
+    y = terms["label"][:, 0].long()
+    assert seen["a"] == 1.0
+    for i in range(4):
+        j = int(perm[i])
+        expected = lam[i] * torch.nn.functional.one_hot(y[i], 2).permute(2, 0, 1) + (1 - lam[i]) * torch.nn.functional.one_hot(y[j], 2).permute(2, 0, 1)
+        torch.testing.assert_close(t_mix[i], expected.float())
+
+
+# ------------------------------------------------------------------------------------------ entropy, adversarial
+
+
+def test_entropy_loss_is_the_mean_pixel_entropy():
+    logits = torch.randn(3, 4, 5, 6, generator=torch.Generator().manual_seed(0))
+    p = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(1, keepdims=True)
+    explicit = float(np.mean(-(p * np.log(p)).sum(1)))
+    assert float(ss.entropy_loss(logits)) == pytest.approx(explicit, rel=1e-5)
+    assert float(ss.entropy_map(torch.softmax(logits, 1)).mean()) == pytest.approx(explicit, rel=1e-4)
+    uniform = torch.zeros(1, 4, 2, 2)
+    assert float(ss.entropy_loss(uniform)) == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_entropy_min_step_regularises_the_unlabelled_predictions(monkeypatch):
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("entropy_min", net)
+    calls = []
+    orig = ss.entropy_loss
+    monkeypatch.setattr(ss, "entropy_loss", lambda logits: calls.append(logits.shape) or orig(logits))
+    out = step(net, _batch(b_l=2, b_u=3), 0)
+    assert calls == [torch.Size([3, 2, 32, 32])]  # the unlabelled part of the batch only
+    assert 0 < float(out["loss_reg"]) <= math.log(2)
+
+
+def test_adversarial_step_trains_the_discriminator():
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    disc = ss.PredictionDiscriminator(2, features=(8, 16))
+    d_opt = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    step = _step("adversarial", net, discriminator=disc, discriminator_optimizer=d_opt, weight=0.1)
+    d_before = _float_state(disc)
+    s_before = _float_state(net)
+    for it in range(2):
+        out = step(net, _batch(seed=it), it)
+        assert all(math.isfinite(float(out[k])) for k in ("loss", "loss_sup", "loss_reg", "loss_disc"))
+    assert any(not torch.equal(d_before[k], v) for k, v in _float_state(disc).items())
+    assert any(not torch.equal(s_before[k], v) for k, v in _float_state(net).items())
+    assert 0.0 < float(out["loss_disc"]) < 2.0
+
+
+def test_methods_validate_their_arguments():
+    net = build_unet(out_channels=2, features=TINY)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    aug = SegmentationAugment(crop_size=32)
+    with pytest.raises(ValueError, match="unknown method"):
+        ss.SemiSupervisedStep("fixmatch", aug, opt, 2)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        ss.SemiSupervisedStep("mean_teacher", aug, opt, 2)
+    with pytest.raises(ValueError, match="discriminator"):
+        ss.SemiSupervisedStep("adversarial", aug, opt, 2)
+    with pytest.raises(ValueError, match="decay"):
+        ss.ema_teacher(net, 1.5)
+
+
+# ------------------------------------------------------------------------------------------------ pretrained
+
+
+def test_pretrained_initialises_student_and_teacher(tmp_path):
+    torch.manual_seed(1)
+    source = build_unet(out_channels=2, features=TINY)
+    torch.save({k: v for k, v in source.state_dict().items() if not k.startswith("final_conv.")}, tmp_path / "pre.pt")
+    torch.manual_seed(2)
+    student = load_pretrained(build_unet(out_channels=2, features=TINY), tmp_path / "pre.pt")
+    teacher = ss.ema_teacher(student)
+    ckpt = torch.load(tmp_path / "pre.pt", weights_only=True)
+    s, t = student.state_dict(), teacher.module.state_dict()
+    for k, v in ckpt.items():
+        assert torch.equal(s[k], v) and torch.equal(t[k], v), k
+    for k in ("final_conv.weight", "final_conv.bias"):  # not pre-trained: the teacher copies the student's init
+        assert torch.equal(s[k], t[k]) and not torch.equal(s[k], source.state_dict()[k])
