@@ -1,0 +1,123 @@
+"""End-to-end tests of the meanteacher_seg bundle on the synthetic demo data, on the CPU.
+
+Mean Teacher from a (tiny) pre-trained checkpoint through ``monai.bundle run`` (train -> evaluate -> inference,
+as docs/README.md tells), the six other methods in-process for a few iterations, and MONAI's bundle properties.
+A small U-Net (4-64) and 64 x 64 crops keep it fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bundle_helpers import run_bundle, workflow
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = "[4,8,16,32,64,4]"
+SMALL_TUPLE = (4, 8, 16, 32, 64, 4)
+FAST = dict(features=SMALL, crop_size=64, batch_size=2, unlabelled_batch_size=2, progress_bar=False, log_every=1)
+METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A stand-in for a pretrain_bim checkpoint: a U-Net's state dict without its final 1x1 conv."""
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.network import backbone_state_dict, build_unet
+
+    torch.manual_seed(123)
+    path = tmp_path_factory.mktemp("pre") / "model.pt"
+    torch.save(backbone_state_dict(build_unet(out_channels=2, features=SMALL_TUPLE)), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mean_teacher_run(tmp_path_factory, pretrained, demo_dataset) -> dict:
+    out = tmp_path_factory.mktemp("mt")
+    proc = run_bundle(
+        "meanteacher_seg", ["train.json", "variants/mean_teacher.json"], output_dir=out, pretrained=pretrained,
+        dataset_dir=demo_dataset, epochs=2, iters_per_epoch=3, save_every=2, **FAST,
+    )
+    return {"dir": out, "log": proc.stdout + proc.stderr}
+
+
+def test_mean_teacher_trains_from_pretrained_weights(mean_teacher_run, pretrained):
+    out, log = mean_teacher_run["dir"], mean_teacher_run["log"]
+    assert "pretrained: loaded" in log and "final_conv.bias, final_conv.weight" in log
+    assert "loss_reg" in log and "weight" in log
+    best = json.loads((out / "best_metric.json").read_text())
+    assert best["method"] == "mean_teacher" and best["weights"] == "student" and best["pretrained"] == str(pretrained)
+    student = torch.load(out / "model.pt", weights_only=True)
+    assert student["final_conv.weight"].shape == (2, 4, 1, 1)
+    final = torch.load(out / "checkpoint_final.pt", weights_only=True)
+    assert int(final["teacher"]["n_averaged"]) == 1 + 6  # the copy + one EMA step per iteration
+    assert final["trainer"]["iteration"] == 6
+
+
+def test_evaluate_and_inference_as_finetune_seg(mean_teacher_run, demo_dataset, tmp_path):
+    import nibabel as nib
+
+    out = mean_teacher_run["dir"]
+    run_bundle("meanteacher_seg", ["train.json", "evaluate.json"], output_dir=out, dataset_dir=demo_dataset,
+               features=SMALL)
+    summary = json.loads((out / "eval" / "lv_n1_seed0_summary.json").read_text())
+    rows = (out / "eval" / "lv_n1_seed0_dice.csv").read_text().splitlines()
+    assert rows[0] == "scan,dice" and len(rows) == 1 + summary["n"] and summary["n"] >= 1
+    assert 0.0 <= summary["mean"] <= 1.0 and summary["checkpoint"] == str(out / "model.pt")
+
+    src = tmp_path / "in"
+    src.mkdir()
+    image = next((Path(demo_dataset) / "raw" / "training").glob("patient*/patient*_frame01.nii.gz"))
+    shutil.copy(image, src / "case.nii.gz")
+    run_bundle("meanteacher_seg", "inference.json", dataset_dir=src, output_dir=tmp_path / "pred",
+               ckpt_path=out / "model.pt", features=SMALL)
+    mask = nib.load(tmp_path / "pred" / "case_seg.nii.gz")
+    assert mask.shape == nib.load(src / "case.nii.gz").shape
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "mean_teacher"])
+def test_method_runs_end_to_end(method, tmp_path, demo_dataset):
+    wf = workflow("meanteacher_seg", ["train.json", f"variants/{method}.json"], output_dir=str(tmp_path),
+                  dataset_dir=str(demo_dataset), epochs=1, iters_per_epoch=2, resume_from=None,
+                  **{**FAST, "features": list(SMALL_TUPLE)})
+    assert wf.check_properties() == []
+    wf.run()
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    terms = trainer.state.output["terms"]
+    assert trainer.state.iteration == 2 and (tmp_path / "model.pt").is_file()
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in terms.values())
+    if method == "supervised":
+        assert terms["weight"] == 0.0 and wf.parser.get_parsed_content("train#unlabelled_store") is None
+    if method == "ua_mt":
+        assert {"threshold", "certain_fraction"} <= set(terms)
+    if method == "adversarial":
+        assert "loss_disc" in terms
+    assert json.loads((tmp_path / "best_metric.json").read_text())["method"] == method
+
+
+def test_labelled_and_unlabelled_data_keys(demo_dataset, tmp_path):
+    wf = workflow("meanteacher_seg", "train.json", output_dir=str(tmp_path), dataset_dir=str(demo_dataset))
+    labelled = wf.parser.get_parsed_content("train#dataset#data")
+    unlabelled = wf.parser.get_parsed_content("train#unlabelled_dataset#data")
+    assert len(labelled) == 1 and all("label" in it for it in labelled)  # labelled_seed0_1
+    training = json.loads((Path(demo_dataset) / "datalist.json").read_text())["training"]
+    assert len(unlabelled) == len(training) > len(labelled)
+    store = wf.parser.get_parsed_content("train#unlabelled_store")
+    assert store.label is None  # labels of the training scans are not read
+    assert wf.parser.get_parsed_content("teacher").decay == 0.99
+
+
+def test_bundle_properties(mean_teacher_run, demo_dataset):
+    ev = workflow("meanteacher_seg", ["train.json", "evaluate.json"], workflow_type="eval",
+                  output_dir=str(mean_teacher_run["dir"]), dataset_dir=str(demo_dataset), features=list(SMALL_TUPLE))
+    assert ev.check_properties() == []
+    inf = workflow("meanteacher_seg", "inference.json", workflow_type="infer", dataset_dir=str(demo_dataset / "images"))
+    assert inf.check_properties() == []
+    meta = json.loads((ROOT / "bundles" / "meanteacher_seg" / "configs" / "metadata.json").read_text())
+    assert meta["monai_version"] == "1.6.1" and meta["pytorch_version"] == "2.13.0" and meta["numpy_version"] == "2.4.6"
+    assert meta["version"] in meta["changelog"]
