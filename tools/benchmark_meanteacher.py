@@ -1,0 +1,94 @@
+"""Throughput of the Mean Teacher training step of the meanteacher_seg bundle.
+
+    python tools/benchmark_meanteacher.py [--batch_size 12] [--unlabelled_batch_size 12] [--size 224]
+                                          [--iterations 50] [--warmup 10] [--method mean_teacher]
+                                          [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
+
+Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
+the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
+in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
+crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
+device, ms/step, student images/s, peak memory. The issue's peer: SSL4MIS Mean Teacher ~400 student images/s on
+an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512) at 224 x 224.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import fire
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bundles")]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
+         warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
+         channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None) -> None:
+    from bim_common import semi_supervised as ss
+    from bim_common.network import build_unet
+    from bim_common.segmentation import SegmentationAugment
+
+    if isinstance(features, str):
+        features = [int(f) for f in features.split(",")]
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
+    teacher = ss.ema_teacher(net, 0.99)
+    optimizer = torch.optim.RAdam(net.parameters(), lr=1e-4)
+    disc = ss.PredictionDiscriminator(num_classes).to(dev)
+    step = ss.SemiSupervisedStep(
+        method, SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes, teacher=teacher,
+        weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
+        discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
+    )
+    g = torch.Generator(device="cpu").manual_seed(1)
+    pool_l = torch.rand(64, 1, size, size, generator=g).to(dev)
+    labels = torch.randint(0, num_classes, (64, 1, size, size), generator=g).to(torch.uint8).to(dev)
+    pool_u = torch.rand(256, 1, size, size, generator=g).to(dev)
+
+    def batch():
+        i = torch.randint(0, 64, (batch_size,), generator=g).to(dev)
+        j = torch.randint(0, 256, (max(1, unlabelled_batch_size),), generator=g).to(dev)
+        return {"image": pool_l[i], "label": labels[i], "unlabelled": pool_u[j]}
+
+    for it in range(warmup):
+        step(net, batch(), it)
+    _sync(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    batches = [batch() for _ in range(min(iterations, 8))]
+    start = time.perf_counter()
+    for it in range(iterations):
+        step(net, batches[it % len(batches)], warmup + it)
+    _sync(dev)
+    seconds = (time.perf_counter() - start) / iterations
+    images = batch_size + (unlabelled_batch_size if method not in ("supervised", "mixup") else 0)
+    result = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+        "method": method, "features": list(features), "size": size,
+        "labelled_batch": batch_size, "unlabelled_batch": unlabelled_batch_size,
+        "student_images_per_step": images,
+        "ms_per_step": round(1000 * seconds, 3),
+        "student_images_per_s": round(images / seconds, 1),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
+        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"),
+        "torch": torch.__version__,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    fire.Fire(main)
