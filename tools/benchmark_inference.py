@@ -1,0 +1,84 @@
+"""Inference speed of the finetune_seg network: milliseconds per scan (slices x size x size), printed as JSON.
+
+    python tools/benchmark_inference.py --device cpu --threads 2
+    python tools/benchmark_inference.py --device cuda            # bf16 autocast on CUDA
+
+Each timed run segments one scan the way the bundle does (``SliceBatchInferer``: all slices as one batch,
+padded to a multiple of 16, then softmax + argmax), after ``warmup`` untimed runs.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import fire
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundles"))
+
+from bim_common.inference import SliceBatchInferer  # noqa: E402
+from bim_common.network import PAPER_FEATURES, build_unet  # noqa: E402
+
+
+def benchmark(
+    device: str = "cpu",
+    slices: int = 10,
+    size: int = 384,
+    num_classes: int = 2,
+    warmup: int = 2,
+    runs: int = 5,
+    threads: int | None = None,
+    amp: bool = True,
+    channels_last: bool = False,
+    features: tuple = PAPER_FEATURES,
+) -> dict:
+    """Time ``runs`` inferences of one [1, 1, size, size, slices] scan on ``device`` (``threads``: torch threads
+    on the CPU; ``amp``: bf16 autocast, CUDA only). Returns and prints the numbers as JSON."""
+    if threads:
+        torch.set_num_threads(int(threads))
+    dev = torch.device(device)
+    net = build_unet(out_channels=num_classes, features=tuple(features)).to(dev).eval()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    net = net.to(memory_format=memory_format)
+    inferer = SliceBatchInferer(divisor=16, amp=amp)
+    scan = torch.rand(1, 1, size, size, slices, device=dev)
+
+    def once() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            mask = inferer(scan, net).softmax(1).argmax(1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        else:
+            mask.sum().item()
+        return (time.perf_counter() - start) * 1000.0
+
+    for _ in range(warmup):
+        once()
+    times = [once() for _ in range(runs)]
+    result = {
+        "ms_per_scan_median": round(statistics.median(times), 2),
+        "ms_per_scan_min": round(min(times), 2),
+        "ms_all": [round(t, 2) for t in times],
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "bf16_autocast": bool(amp and dev.type == "cuda"),
+        "scan": [slices, size, size],
+        "features": list(features),
+        "num_classes": num_classes,
+        "torch": torch.__version__,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    fire.Fire(benchmark)
