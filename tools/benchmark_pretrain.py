@@ -92,15 +92,15 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
 
 
 def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
-         compile_bare: bool = False, channels_last: bool = False, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
+         compile_bare: bool = False, channels_last: bool = False, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain") -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations,
                      scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
                      save_every=10**9, resume_from=None, progress_bar=False, compile=compile,
-                     channels_last=channels_last, num_subheads=num_subheads)
+                     channels_last=channels_last, num_subheads=num_subheads, compile_mode=compile_mode)
     result = {
-        "settings": {"compile": compile, "channels_last": channels_last, "num_subheads": num_subheads,
+        "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last, "num_subheads": num_subheads,
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

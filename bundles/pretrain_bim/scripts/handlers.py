@@ -99,7 +99,7 @@ class ClusterPanelHandler:
             return
         self._last_iteration = it
         model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        panel, usage = self.render(model)
+        panel, usage = self.render(getattr(model, "_orig_mod", model))  # eager: no recompilation for the panel
         save_png(panel, self.output_dir / f"clusters_iter{it:06d}.png")
         save_png(panel, self.output_dir / "clusters_latest.png")
         for k, v in usage.items():

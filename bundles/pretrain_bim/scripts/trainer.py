@@ -52,6 +52,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
         bf16: bool = True,
         diagnostics_every: int = 50,
         compile_losses: bool = False,
+        compile_mode: str | None = None,
         **kwargs,
     ) -> None:
         kwargs.setdefault("decollate", False)
@@ -71,7 +72,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
         objectives = partial(
             dense_objectives, alpha=self.alpha, edge=edge, edge_power=edge_power, cc_window=cc_window, bf16=self.bf16
         )
-        self._dense_objectives = torch.compile(objectives) if compile_losses else objectives
+        self._dense_objectives = torch.compile(objectives, mode=compile_mode) if compile_losses else objectives
         self.needs_decoder = any(self.loss_weights[k] for k in ("mi", "cc", "imsat", "local_con"))
 
     @property
