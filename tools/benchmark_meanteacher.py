@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import fire
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,5 +89,27 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     print(json.dumps(result))
 
 
+def _cli(argv: list[str]) -> dict:
+    """``--key value`` pairs as keyword arguments (used where ``fire`` is not installed)."""
+    import ast
+
+    kwargs, it = {}, iter(argv)
+    for arg in it:
+        if not arg.startswith("--"):
+            raise SystemExit(f"unexpected argument {arg!r}: use --key value")
+        key, _, value = arg[2:].partition("=")
+        value = value or next(it)
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
+
+
 if __name__ == "__main__":
-    fire.Fire(main)
+    try:
+        import fire
+    except ImportError:  # a bare GPU machine: same flags, parsed here
+        main(**_cli(sys.argv[1:]))
+    else:
+        fire.Fire(main)
