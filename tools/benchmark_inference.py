@@ -35,17 +35,19 @@ def benchmark(
     threads: int | None = None,
     amp: bool = True,
     channels_last: bool = False,
+    max_slices: int | None = None,
     features: tuple = PAPER_FEATURES,
 ) -> dict:
     """Time ``runs`` inferences of one [1, 1, size, size, slices] scan on ``device`` (``threads``: torch threads
-    on the CPU; ``amp``: bf16 autocast, CUDA only). Returns and prints the numbers as JSON."""
+    on the CPU; ``amp``: bf16 autocast, CUDA only; ``max_slices``: slices per forward pass, None = all).
+    Returns and prints the numbers as JSON."""
     if threads:
         torch.set_num_threads(int(threads))
     dev = torch.device(device)
     net = build_unet(out_channels=num_classes, features=tuple(features)).to(dev).eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net = net.to(memory_format=memory_format)
-    inferer = SliceBatchInferer(divisor=16, amp=amp)
+    inferer = SliceBatchInferer(divisor=16, max_slices=max_slices, amp=amp)
     scan = torch.rand(1, 1, size, size, slices, device=dev)
 
     def once() -> float:
@@ -74,11 +76,17 @@ def benchmark(
         "scan": [slices, size, size],
         "features": list(features),
         "num_classes": num_classes,
+        "max_slices": max_slices,
+        "channels_last": bool(channels_last),
         "torch": torch.__version__,
     }
     print(json.dumps(result))
     return result
 
 
+def main(**kwargs) -> None:
+    benchmark(**kwargs)  # prints the JSON line; nothing else for fire to print
+
+
 if __name__ == "__main__":
-    fire.Fire(benchmark)
+    fire.Fire(main)
