@@ -100,7 +100,19 @@ def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
     untrained = tmp_path / "untrained"
     untrained.mkdir()
     torch.save(build_unet(out_channels=2, features=SMALL_TUPLE).state_dict(), untrained / "model.pt")
-    run_config(["train.json", "evaluate.json"], output_dir=untrained, features=SMALL, task="lv", labelled_scans=1)
+    # the same evaluation in-process (ConfigWorkflow, as MONAI's run() does it), saving a subprocess start
+    from monai.bundle import ConfigWorkflow
+
+    purge_scripts()
+    sys.path.insert(1, str(BUNDLE))
+    try:
+        wf = ConfigWorkflow(config_file=[str(CONFIGS / "train.json"), str(CONFIGS / "evaluate.json")],
+                            workflow_type="infer", output_dir=str(untrained), features=list(SMALL_TUPLE), task="lv")
+        wf.initialize()
+        wf.run()
+    finally:
+        sys.path.remove(str(BUNDLE))
+        purge_scripts()
     base = json.loads((untrained / "eval" / "lv_n1_seed0_summary.json").read_text())
     print(f"test Dice: fine-tuned {summary['mean']:.3f}, untrained {base['mean']:.3f}")
     assert summary["mean"] > base["mean"] + 0.2, (summary, base)
