@@ -32,7 +32,8 @@ def _sync(device: torch.device) -> None:
 
 def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
-         channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None) -> None:
+         channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
+         compile: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
@@ -53,6 +54,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
         discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
     )
+    student = torch.compile(net) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
     pool_l = torch.rand(64, 1, size, size, generator=g).to(dev)
     labels = torch.randint(0, num_classes, (64, 1, size, size), generator=g).to(torch.uint8).to(dev)
@@ -64,14 +66,14 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         return {"image": pool_l[i], "label": labels[i], "unlabelled": pool_u[j]}
 
     for it in range(warmup):
-        step(net, batch(), it)
+        step(student, batch(), it)
     _sync(dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     batches = [batch() for _ in range(min(iterations, 8))]
     start = time.perf_counter()
     for it in range(iterations):
-        step(net, batches[it % len(batches)], warmup + it)
+        step(student, batches[it % len(batches)], warmup + it)
     _sync(dev)
     seconds = (time.perf_counter() - start) / iterations
     images = batch_size + (unlabelled_batch_size if method not in ("supervised", "mixup") else 0)
@@ -83,7 +85,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "ms_per_step": round(1000 * seconds, 3),
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
-        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"),
+        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile),
         "torch": torch.__version__,
     }
     print(json.dumps(result))
