@@ -11,7 +11,8 @@ set -euo pipefail
 stage="$1"; raw="$2"; work="$3"
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-PRETRAIN_EPOCHS="${PRETRAIN_EPOCHS:-10}"        # x 200 iterations
+PRETRAIN_EPOCHS="${PRETRAIN_EPOCHS:-10}"; PRETRAIN_ITERS="${PRETRAIN_ITERS:-200}"
+EXTRA="${EXTRA:-}"   # extra overrides for every bundle run (e.g. a small --crop_size for a CPU check)
 FT_EPOCHS="${FT_EPOCHS:-20}"; FT_ITERS="${FT_ITERS:-100}"
 FT_LRS="${FT_LRS:-2e-5 1e-4}"
 MT_LR="${MT_LR:-1e-4}"
@@ -27,27 +28,27 @@ finetune() {  # name pretrained lr
   local out="$work/$1"
   run $PY -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json --dataset_dir "$data" \
     --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$2" --learning_rate "$3" \
-    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False \
+    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $EXTRA \
     --output_dir "$out" > "$work/$1.log" 2>&1
   run $PY -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" \
-    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" >> "$work/$1.log" 2>&1
+    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$1.log" 2>&1
   summary "$1" "$out"
 }
 meanteacher() {  # name pretrained
   local out="$work/$1"
   run $PY -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json --dataset_dir "$data" \
     --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$2" --learning_rate "$MT_LR" \
-    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False \
+    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $EXTRA \
     --output_dir "$out" > "$work/$1.log" 2>&1
   run $PY -m monai.bundle run --config_file "['bundles/meanteacher_seg/configs/train.json','bundles/meanteacher_seg/configs/evaluate.json']" \
-    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" >> "$work/$1.log" 2>&1
+    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$1.log" 2>&1
   summary "$1" "$out"
 }
 
 case "$stage" in
   pretrain-finetune)
     run $PY -m monai.bundle run --config_file bundles/pretrain_bim/configs/train.json --dataset_dir "$data" \
-      --output_dir "$work/pretrain" --epochs "$PRETRAIN_EPOCHS" --iters_per_epoch 200 --warmup_epochs 2 \
+      --output_dir "$work/pretrain" --epochs "$PRETRAIN_EPOCHS" --iters_per_epoch "$PRETRAIN_ITERS" --warmup_epochs 2 $EXTRA \
       --panel_every 1000 --save_every 1000 --log_every 200 --progress_bar False > "$work/pretrain.log" 2>&1
     for lr in $FT_LRS; do
       finetune "ft_${TASK}_n${N}_random_lr${lr}" None "$lr"
