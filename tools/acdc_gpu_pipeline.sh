@@ -5,7 +5,8 @@
 # Stage 1: prepare ACDC (reference split), pre-train BIM (full method) for PRETRAIN_ITERS iterations, then
 # fine-tune LV from 1 labelled scan (split seed 0) from random init and from the BIM checkpoint at each
 # learning rate of FT_LRS, selecting the best-validation checkpoint, and evaluate it on the 16 test scans.
-# Stage 2: Mean Teacher on the same task from random init and from the BIM checkpoint.
+# Stage 2: Mean Teacher on the same task from random init and from the BIM checkpoint (pre-trains first
+# when WORK_DIR holds no checkpoint). Stage `pretrain` alone is there too.
 # Results: WORK_DIR/results/*.json (one summary per run) and WORK_DIR/results/summary.csv.
 set -euo pipefail
 stage="$1"; raw="$2"; work="$3"
@@ -45,16 +46,22 @@ meanteacher() {  # name pretrained
   summary "$1" "$out"
 }
 
-case "$stage" in
-  pretrain-finetune)
+pretrain() {
     run $PY -m monai.bundle run --config_file bundles/pretrain_bim/configs/train.json --dataset_dir "$data" \
       --output_dir "$work/pretrain" --epochs "$PRETRAIN_EPOCHS" --iters_per_epoch "$PRETRAIN_ITERS" --warmup_epochs 2 $EXTRA \
       --panel_every 1000 --save_every 1000 --log_every 200 --progress_bar False > "$work/pretrain.log" 2>&1
+}
+
+case "$stage" in
+  pretrain) pretrain ;;
+  pretrain-finetune)
+    pretrain
     for lr in $FT_LRS; do
       finetune "ft_${TASK}_n${N}_random_lr${lr}" None "$lr"
       finetune "ft_${TASK}_n${N}_bim_lr${lr}" "$work/pretrain/model.pt" "$lr"
     done ;;
   meanteacher)
+    [ -f "$work/pretrain/model.pt" ] || pretrain
     meanteacher "mt_${TASK}_n${N}_random_lr${MT_LR}" None
     meanteacher "mt_${TASK}_n${N}_bim_lr${MT_LR}" "$work/pretrain/model.pt" ;;
   *) echo "unknown stage $stage (pretrain-finetune | meanteacher)" >&2; exit 2 ;;
