@@ -43,7 +43,7 @@ def bundle_run_command(bundle: str, config_files, **overrides) -> list[str]:
     return cmd
 
 
-def run_bundle(bundle: str, config_files, timeout: int = 300, **overrides) -> subprocess.CompletedProcess:
+def run_bundle(bundle: str, config_files, timeout: int = 900, **overrides) -> subprocess.CompletedProcess:
     """Run a bundle from the repository root in a fresh process; raise with its output if it fails."""
     proc = subprocess.run(
         bundle_run_command(bundle, config_files, **overrides), cwd=ROOT, capture_output=True, text=True,

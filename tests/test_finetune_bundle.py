@@ -25,7 +25,7 @@ SMALL = "[8,16,32,64,128,8]"
 SMALL_TUPLE = (8, 16, 32, 64, 128, 8)
 
 
-def monai_bundle(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def monai_bundle(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "monai.bundle", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
