@@ -28,6 +28,7 @@ the student's, and the consistency is averaged over the pixels A maps inside the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Iterator, Sequence
@@ -70,19 +71,26 @@ def uncertainty_threshold(iteration: float, total_iterations: float, num_classes
 # ----------------------------------------------------------------------------------------------------- teacher
 
 
-def ema_teacher(network: nn.Module, decay: float = 0.99) -> AveragedModel:
+def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool = False) -> AveragedModel:
     """The Mean Teacher: an :class:`~torch.optim.swa_utils.AveragedModel` of ``network`` (DDP/compile wrappers are
-    unwrapped) holding ``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for parameters *and*
-    buffers (BatchNorm running statistics, ``use_buffers=True``), updated by one vectorised
-    ``torch._foreach_lerp_`` per call of ``teacher.update_parameters(student)``.
+    unwrapped) holding ``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for the parameters, updated
+    by one vectorised ``torch._foreach_lerp_`` per call of ``teacher.update_parameters(student)``.
+
+    BatchNorm: :class:`SemiSupervisedStep` runs the teacher with *batch* statistics (as Tarvainen & Valpola's and
+    SSL4MIS's Mean Teacher do), so its predictions never depend on running statistics. The buffers (running
+    statistics) are copied from the student at every update (``average_buffers=False``, the default), so a saved
+    teacher evaluated in eval mode uses the student's current statistics. ``average_buffers=True`` (the old
+    behaviour) EMA-averages the buffers too: they then lag the student's running statistics, themselves an EMA of
+    batch statistics, by ~1 / (1 - decay) iterations, which made an eval-mode teacher useless for hundreds of
+    iterations (running variances from the initialisation, 1.0, against true variances ~0.01).
 
     It starts equal to the student (so a ``pretrained`` student initialises both networks): the first
     ``update_parameters`` of AveragedModel copies, and is done here, so every later call is an EMA step. The
-    teacher has no gradients and stays in eval mode (its BatchNorm uses the averaged statistics)."""
+    teacher has no gradients and is kept in eval mode between steps."""
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
     student = _unwrap(network)
-    teacher = AveragedModel(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    teacher = AveragedModel(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=bool(average_buffers))
     teacher.update_parameters(student)  # n_averaged 0 -> 1: the copy
     teacher.requires_grad_(False)
     teacher.eval()
@@ -241,6 +249,7 @@ class SemiSupervisedStep:
         discriminator_optimizer: torch.optim.Optimizer | None = None,
         bf16: bool = True,
         channels_last: bool = True,
+        teacher_batch_stats: bool = True,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -264,6 +273,7 @@ class SemiSupervisedStep:
         self.ict_alpha, self.mixup_alpha = float(ict_alpha), float(mixup_alpha)
         self.discriminator, self.discriminator_optimizer = discriminator, discriminator_optimizer
         self.bf16, self.channels_last = bool(bf16), bool(channels_last)
+        self.teacher_batch_stats = bool(teacher_batch_stats)
 
     # ---- helpers
 
@@ -307,9 +317,21 @@ class SemiSupervisedStep:
         student_view = self._jitter(warp(image, mats @ extra, self._out_hw()))
         return teacher_view, student_view, mats, extra
 
+    @contextlib.contextmanager
+    def _teacher_mode(self):
+        """The teacher's forward mode: train mode (BatchNorm normalises with the statistics of the teacher's own
+        batch, like the student's forward) when ``teacher_batch_stats``, eval mode otherwise; back to eval after.
+        The running statistics its train-mode forward touches are overwritten by the next EMA update."""
+        self.teacher.train(self.teacher_batch_stats)
+        try:
+            yield self.teacher
+        finally:
+            self.teacher.eval()
+
     @torch.no_grad()
     def teacher_prob(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self._forward(self.teacher, x), dim=1)
+        with self._teacher_mode() as teacher:
+            return torch.softmax(self._forward(teacher, x), dim=1)
 
     @torch.no_grad()
     def teacher_uncertainty(self, x: torch.Tensor) -> torch.Tensor:
@@ -317,7 +339,8 @@ class SemiSupervisedStep:
         ``x`` with Gaussian noise (std ``uncertainty_noise``, clipped at 2 std), in one batched forward."""
         reps = x.repeat(self.uncertainty_passes, 1, 1, 1)
         noise = (torch.randn_like(reps) * self.uncertainty_noise).clamp(-2 * self.uncertainty_noise, 2 * self.uncertainty_noise)
-        prob = torch.softmax(self._forward(self.teacher, reps + noise), dim=1)
+        with self._teacher_mode() as teacher:
+            prob = torch.softmax(self._forward(teacher, reps + noise), dim=1)
         return entropy_map(prob.view(self.uncertainty_passes, *x.shape[:1], *prob.shape[1:]).mean(0))
 
     # ---- the step
