@@ -1,0 +1,183 @@
+"""The experiment runner and the report: grids, resumability, failures, LR selection, tables and plots."""
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import experiments as ex  # noqa: E402
+import results_report as rr  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------------------ grids
+
+
+def test_acdc_fast_grid_has_every_table1_cell_and_one_pretraining_per_variant(tmp_path):
+    grid = ex.build_grid("acdc_fast", "/data/acdc", tmp_path)
+    pre = [r for r in grid if r.kind == "pretrain"]
+    seg = [r for r in grid if r.kind != "pretrain"]
+    # IIC, Contrast (Enc), Ours MI+CC, full (shared by "Contrast (Enc) + Ours (Dec)" and "MT + Ours")
+    assert sorted(r.meta["variant"] for r in pre) == ["contrast_enc", "full", "iic_dec", "ours_mi_cc"]
+    assert len(seg) == 7 * 3 * 3 * 3 * len(ex.FAST.lrs)  # methods x tasks x counts x seeds x LRs
+    assert len({r.name for r in grid}) == len(grid)
+    assert grid.index(pre[-1]) < grid.index(seg[0])  # pre-trainings come first
+    mt_ours = [r for r in seg if r.meta["method"] == "MT + Ours"]
+    assert all(r.kind == "meanteacher" and r.depends == ("pre_full",) for r in mt_ours)
+    assert all(r.depends == () for r in seg if r.meta["method"] in ("Baseline", "Mean Teacher"))
+
+
+def test_grid_commands_carry_the_cell_and_start_from_the_pretraining(tmp_path):
+    grid = ex.build_grid("acdc_fast", "/data/acdc", tmp_path, tasks="rv", counts=2, seeds=1, lrs=5e-4,
+                         methods=["Ours (Dec) MI+CC"])
+    assert [r.name for r in grid] == ["pre_ours_mi_cc", "ft_pre_ours_mi_cc_rv_n2_s1_lr5e-4"]
+    train, evaluate = grid[1].commands
+    args = dict(zip(train[4::2], train[5::2]))
+    assert args["--config_file"] == ex.FINETUNE_TRAIN
+    assert args["--task"] == "rv" and args["--labelled_scans"] == "2" and args["--split_seed"] == "1"
+    assert args["--pretrained"] == str(tmp_path.resolve() / "runs" / "pre_ours_mi_cc" / "model.pt")
+    assert args["--learning_rate"] == "0.0005"
+    assert "evaluate.json" in evaluate[5]
+    pre_args = grid[0].commands[0]
+    assert "variants/ours_mi_cc.json" in pre_args[5]
+
+
+def test_only_keeps_the_pretrainings_the_selected_runs_need(tmp_path):
+    grid = ex.build_grid("acdc_fast", "/d", tmp_path, only="mt_pre_full_lv_n1_s0_*")
+    assert [r.kind for r in grid] == ["pretrain"] + ["meanteacher"] * len(ex.FAST.lrs)
+
+
+def test_ablation_grid_sweeps_alpha_lambda_and_k_from_the_full_method(tmp_path):
+    grid = ex.build_grid("acdc_ablation_fast", "/d", tmp_path, lrs=5e-4)
+    pre = {r.name: r for r in grid if r.kind == "pretrain"}
+    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values())
+    alpha0 = pre["pre_full_alpha0"]
+    cmd = alpha0.commands[0]
+    assert cmd[cmd.index("--alpha") + 1] == "0.0" and "variants/full.json" in cmd[5]
+    k5 = pre["pre_full_num_clusters5"].commands[0]
+    assert k5[k5.index("--num_clusters") + 1] == "5"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"preset": "acdc_tiny"}, "unknown preset 'acdc_tiny'"),
+    ({"preset": "acdc_fast", "methods": ["Ours"]}, "unknown method 'Ours'"),
+])
+def test_bad_grid_requests_are_named(tmp_path, kwargs, match):
+    with pytest.raises(ex.ExperimentError, match=match):
+        ex.build_grid(dataset_dir="/d", work_dir=tmp_path, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------- runner
+
+
+def _fake_pretrain(name, code):
+    return ex.Run(name, "pretrain", ((sys.executable, "-c", code),), {"variant": name})
+
+
+def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp_path):
+    ok = _fake_pretrain("pre_ok", f"open({str(tmp_path / 'runs' / 'pre_ok' / 'model.pt')!r}, 'w').write('x')")
+    bad = _fake_pretrain("pre_bad", "import sys; sys.exit(3)")
+    child = ex.Run("ft_child", "finetune", ((sys.executable, "-c", "pass"),), {}, ("pre_bad",))
+    counts = ex.run_grid([ok, bad, child], tmp_path, jobs=2, log=lambda s: None)
+    assert (counts["done"], counts["failed"], counts["skipped_dependency"]) == (1, 1, 1)
+    record = json.loads((tmp_path / "runs" / "pre_ok" / "run.json").read_text())
+    assert record["status"] == "done" and record["commit"] and record["gpu"] and record["wall_s"] >= 0
+    assert record["commands"][0].startswith(sys.executable)
+    failed = json.loads((tmp_path / "runs" / "pre_bad" / "run.json").read_text())
+    assert failed["status"] == "failed" and failed["returncode"] == 3
+    assert not (tmp_path / "runs" / "pre_bad" / "result.json").exists()
+    # second call: the finished run is not executed again, the failed one is retried
+    counts = ex.run_grid([ok, bad], tmp_path, jobs=1, log=lambda s: None)
+    assert counts["skipped_existing"] == 1 and counts["failed"] == 1
+
+
+def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):
+    run = ex.Run("ft_x", "finetune", ((sys.executable, "-c", "pass"),), {})
+    with pytest.raises(ex.ExperimentError, match="ft_x.*best_metric.json"):
+        ex.execute(run, tmp_path)
+    assert not (tmp_path / "runs" / "ft_x" / "result.json").exists()
+
+
+# ----------------------------------------------------------------------------------------------------- report
+
+
+def _row(method, task, n, seed, lr, val, test, paper_lr=1e-4, **kw):
+    return {"name": f"{method}-{task}-{n}-{seed}-{lr}", "kind": "finetune", "method": method, "task": task,
+            "labelled_scans": n, "seed": seed, "lr": lr, "paper_lr": paper_lr, "val_dice": val, "test_dice": test, **kw}
+
+
+def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_paper_lr():
+    rows = [_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.40), _row("Baseline", "lv", 1, 0, 5e-4, 0.7, 0.60),
+            _row("Baseline", "lv", 1, 1, 1e-4, 0.6, 0.50), _row("Baseline", "lv", 1, 1, 5e-4, 0.6, 0.90)]
+    tuned = rr.select(rows, "tuned")
+    assert sorted(r["test_dice"] for r in tuned) == [0.50, 0.60]  # seed 1 tie: the smaller LR
+    assert sorted(r["test_dice"] for r in rr.select(rows, "paper")) == [0.40, 0.50]
+
+
+def test_table_is_mean_and_std_over_seeds_with_the_best_in_bold():
+    rows = [_row("Baseline", "lv", 1, s, 1e-4, 0.5, d) for s, d in enumerate((0.5, 0.6, 0.7))]
+    rows += [_row("MT + Ours", "lv", 1, s, 1e-4, 0.5, d) for s, d in enumerate((0.8, 0.9, 1.0))]
+    methods, columns, cells = rr.table(rows)
+    assert methods == ["Baseline", "MT + Ours"] and columns == [("lv", 1)]
+    assert cells[("Baseline", "lv", 1)][0] == pytest.approx(60.0)
+    assert cells[("Baseline", "lv", 1)][1] == pytest.approx(8.1650, abs=1e-3)  # population std over seeds
+    md = rr.markdown_table(methods, columns, cells)
+    assert "| MT + Ours | **90.00 (8.16)** |" in md and "| Baseline | 60.00 (8.16) |" in md
+    gap = rr.gap_table(methods, columns, cells)
+    assert "| Baseline | -7.1 |" in gap  # 60.00 - 67.13
+
+
+def test_paper_table_holds_the_published_numbers():
+    assert rr.PAPER_TABLE1["Baseline"]["lv"][1] == 67.13
+    assert rr.PAPER_TABLE1["MT + Ours"]["prostate"][8] == 88.45
+    assert rr.PAPER_TABLE1["Ours (Dec) MI+CC"]["rv"][4] == 75.92
+
+
+def test_report_rejects_a_csv_without_results_columns(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,kind\nx,finetune\n")
+    with pytest.raises(rr.ReportError, match="bad.csv: missing columns"):
+        rr.write_report([bad], tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------- end to end: bundles on demo data
+
+
+@pytest.fixture(scope="module")
+def smoke_work(tmp_path_factory):
+    work = tmp_path_factory.mktemp("smoke")
+    grid = ex.build_grid("smoke", None, work)
+    counts = ex.run_grid(grid, work, jobs=2, log=print)
+    assert counts["done"] == len(grid), counts
+    return work, grid
+
+
+def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
+    work, grid = smoke_work
+    path = ex.collect(work)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["name"] for r in rows) == sorted(r.name for r in grid)
+    seg = [r for r in rows if r["kind"] != "pretrain"]
+    assert {r["method"] for r in seg} == {"Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"}
+    for r in seg:
+        assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
+        assert "monai.bundle run" in r["command"] and r["commit"]
+    # resumable: a second call runs nothing
+    assert ex.run_grid(grid, work, jobs=2, log=lambda s: None)["skipped_existing"] == len(grid)
+
+
+def test_smoke_report_writes_tables_and_pngs(smoke_work, tmp_path):
+    work, _ = smoke_work
+    written = rr.write_report([ex.collect(work)], tmp_path / "report", title="smoke")
+    names = {p.name for p in written}
+    assert {"README.md", "dice_vs_scans_paper.png", "dice_vs_scans_tuned.png", "cluster_panels.png"} <= names
+    md = (tmp_path / "report" / "README.md").read_text()
+    assert "| Baseline |" in md and "| MT + Ours | **90.25** |" in md  # ours, then the paper's table
+    for p in written:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

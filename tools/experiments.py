@@ -1,0 +1,450 @@
+"""The paper's tables as experiments: grids of bundle runs, executed resumably, collected into one CSV.
+
+    python tools/experiments.py plan acdc_fast                                   # list the runs of a preset
+    python tools/experiments.py run acdc_fast --dataset_dir data/acdc --work_dir runs/acdc_fast --jobs 6
+    python tools/experiments.py collect runs/acdc_fast                           # -> runs/acdc_fast/results.csv
+    python tools/experiments.py report runs/acdc_fast/results.csv --out_dir docs/results
+
+A *run* is one bundle job: a ``pretrain_bim`` variant, a ``finetune_seg`` fine-tune (train + evaluate on the test
+scans) or a ``meanteacher_seg`` run (train + evaluate). Each run has its own folder ``work_dir/runs/<name>/``
+(the bundle's ``output_dir``) holding ``log.txt``, ``run.json`` (the exact commands, overrides, seed, git commit,
+GPU, wall time, status) and, once it has succeeded, ``result.json``. A run whose ``result.json`` exists is
+skipped, so ``run`` resumes an interrupted grid (an interrupted bundle run resumes from its own last checkpoint,
+``resume_from auto``). Fine-tunes wait for the pre-training they start from; up to ``jobs`` runs share the
+GPU(s) concurrently (several small fine-tunes on one GPU are faster together than one after the other).
+
+Presets (``PRESETS``): ``*_paper`` is the paper's protocol (50 epochs x 200 iterations everywhere, one
+fine-tuning LR for all methods); ``*_fast`` a shortened protocol for a 10-minute GPU call. Both also run every
+fine-tune at each LR of ``lrs`` so that the report can give, besides the paper's protocol (``paper_lr``), the
+result of each method at its LR chosen on the validation split. ``*_ablation`` are the alpha, lambda_CC and K
+ablations at 1 labelled ACDC scan. ``smoke`` is a seconds-long CPU grid on the demo data (tests).
+The grid of a preset can be narrowed on the command line (``--tasks lv --counts 1 --seeds 0 --lrs 5e-4``,
+``--only 'ft_*'``).
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLES = ROOT / "bundles"
+PRETRAIN_TRAIN = "bundles/pretrain_bim/configs/train.json"
+FINETUNE_TRAIN = "bundles/finetune_seg/configs/train.json"
+FINETUNE_EVAL = "bundles/finetune_seg/configs/evaluate.json"
+MT_TRAIN = "bundles/meanteacher_seg/configs/train.json"
+MT_EVAL = "bundles/meanteacher_seg/configs/evaluate.json"
+
+# the rows of the paper's Table 1: label -> (pre-training variant or None, trainer)
+METHODS = {
+    "Baseline": (None, "finetune"),
+    "IIC (Dec)": ("iic_dec", "finetune"),
+    "Contrast (Enc)": ("contrast_enc", "finetune"),
+    "Contrast (Enc+Dec)": ("contrast_enc_dec", "finetune"),
+    "Ours (Dec) MI+CC": ("ours_mi_cc", "finetune"),
+    "Contrast (Enc) + Ours (Dec)": ("full", "finetune"),
+    "Mean Teacher": (None, "meanteacher"),
+    "MT + Ours": ("full", "meanteacher"),
+}
+
+
+class ExperimentError(RuntimeError):
+    """A preset, a grid or a results file that cannot be used as asked."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The training budget of a preset. ``*_overrides`` are extra bundle command-line overrides."""
+
+    pretrain_epochs: int = 50
+    pretrain_iters: int = 200
+    pretrain_warmup: int = 10
+    finetune_epochs: int = 50
+    finetune_iters: int = 200
+    finetune_warmup: int = 10
+    rampup_epochs: int = 10
+    paper_lr: float = 2e-5
+    lrs: tuple[float, ...] = (2e-5, 1e-4, 5e-4)
+    pretrain_overrides: tuple[str, ...] = ()
+    finetune_overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One bundle job of a grid. ``meta`` holds what the results table is indexed by (method, task, labelled
+    scans, seed, lr, ablation ...); ``depends`` names the pre-training run it starts from."""
+
+    name: str
+    kind: str  # pretrain | finetune | meanteacher
+    commands: tuple[tuple[str, ...], ...]
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+    depends: tuple[str, ...] = ()
+
+
+def _fmt_lr(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def _cmd(config_files: list[str], overrides: dict) -> tuple[str, ...]:
+    cfg = config_files[0] if len(config_files) == 1 else repr(config_files)
+    args = [sys.executable, "-m", "monai.bundle", "run", "--config_file", cfg]
+    for k, v in overrides.items():
+        args += [f"--{k}", v if isinstance(v, str) else json.dumps(v)]
+    return tuple(args)
+
+
+def _variant(name: str) -> str:
+    path = f"bundles/pretrain_bim/configs/variants/{name}.json"
+    if not (ROOT / path).is_file():
+        raise ExperimentError(f"pre-training variant {name!r}: {path} does not exist")
+    return path
+
+
+def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, extra: dict | None = None,
+                 tag: str = "") -> Run:
+    """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha)."""
+    name = f"pre_{variant}{tag}"
+    out = work / "runs" / name
+    overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
+                 "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
+                 "progress_bar": False, **(extra or {})}
+    cmd = _cmd([PRETRAIN_TRAIN, _variant(variant)], overrides) + proto.pretrain_overrides
+    return Run(name, "pretrain", (cmd,), {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})})
+
+
+def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int, seed: int, lr: float,
+                     dataset_dir: str, work: Path, proto: Protocol, extra_meta: dict | None = None) -> Run:
+    """A fine-tune (``kind`` finetune) or a Mean Teacher run (``kind`` meanteacher): train, then evaluate the
+    best-validation checkpoint on the test scans. ``init`` is the pre-training run it starts from (None: random)."""
+    init_name = init.name if init is not None else "random"
+    prefix = {"finetune": "ft", "meanteacher": "mt"}[kind]
+    name = f"{prefix}_{init_name}_{task}_n{n}_s{seed}_lr{_fmt_lr(lr)}"
+    out = work / "runs" / name
+    common = {"dataset_dir": dataset_dir, "output_dir": str(out), "task": task, "labelled_scans": n,
+              "split_seed": seed, "seed": seed}
+    train = {**common, "pretrained": str(work / "runs" / init.name / "model.pt") if init else "None",
+             "learning_rate": lr, "epochs": proto.finetune_epochs, "iters_per_epoch": proto.finetune_iters,
+             "warmup_epochs": proto.finetune_warmup, "progress_bar": False}
+    if kind == "meanteacher":
+        train["rampup_epochs"] = proto.rampup_epochs
+    train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
+    commands = (_cmd([train_cfg], train) + proto.finetune_overrides,
+                _cmd([train_cfg, eval_cfg], common) + proto.finetune_overrides)
+    meta = {"method": method, "init": init_name, "task": task, "labelled_scans": n, "seed": seed, "lr": lr,
+            "paper_lr": proto.paper_lr, **(extra_meta or {})}
+    return Run(name, kind, commands, meta, (init.name,) if init else ())
+
+
+# --------------------------------------------------------------------------------------------------- presets
+
+ACDC_TASKS, ACDC_COUNTS = ("lv", "rv", "myo"), (1, 2, 4)
+PROSTATE_TASKS, PROSTATE_COUNTS = ("prostate",), (4, 6, 8)
+TABLE1 = ("Baseline", "IIC (Dec)", "Contrast (Enc)", "Ours (Dec) MI+CC", "Contrast (Enc) + Ours (Dec)",
+          "Mean Teacher", "MT + Ours")
+PROSTATE_ROWS = ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours")
+
+FAST = Protocol(pretrain_epochs=5, pretrain_iters=200, pretrain_warmup=1, finetune_epochs=10,
+                finetune_iters=100, finetune_warmup=1, rampup_epochs=4, paper_lr=5e-4, lrs=(1e-4, 5e-4, 2e-3))
+PAPER = Protocol()
+SMOKE = Protocol(pretrain_epochs=1, pretrain_iters=2, pretrain_warmup=0, finetune_epochs=1, finetune_iters=2,
+                 finetune_warmup=0, rampup_epochs=1, paper_lr=1e-3, lrs=(1e-3,),
+                 pretrain_overrides=("--features", "[8,16,32,64,128,8]", "--scans_per_batch", "2",
+                                     "--crop_size", "64", "--panel_every", "2", "--save_every", "2"),
+                 finetune_overrides=("--features", "[8,16,32,64,128,8]", "--crop_size", "64", "--batch_size", "2",
+                                     "--unlabelled_batch_size", "2", "--save_every", "2"))
+
+PRESETS = {
+    # name: (protocol, methods, tasks, counts, seeds, ablations)
+    "acdc_fast": (FAST, TABLE1, ACDC_TASKS, ACDC_COUNTS, (0, 1, 2), False),
+    "acdc_paper": (PAPER, TABLE1, ACDC_TASKS, ACDC_COUNTS, (0, 1, 2), False),
+    "promise12_fast": (replace(FAST, pretrain_iters=400), PROSTATE_ROWS, PROSTATE_TASKS, PROSTATE_COUNTS, (0, 1, 2), False),
+    "promise12_paper": (replace(PAPER, pretrain_iters=400, paper_lr=2e-4, lrs=(2e-5, 2e-4, 5e-4)), PROSTATE_ROWS,
+                        PROSTATE_TASKS, PROSTATE_COUNTS, (0, 1, 2), False),
+    "acdc_ablation_fast": (FAST, (), ("lv",), (1,), (0,), True),
+    "smoke": (SMOKE, ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"), ("lv",), (1,), (0,), False),
+}
+ABLATIONS = {"alpha": (0.0, 0.25, 0.5, 0.75, 1.0), "lambda_cc": (0.0, 0.1, 1.0, 4.0),
+             "num_clusters": (5, 10, 20, 40, 60)}
+
+
+def _as_tuple(value, cast) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split()]
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    return tuple(cast(v) for v in value)
+
+
+def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=None, seeds=None, lrs=None,
+               methods=None, only: str | None = None) -> list[Run]:
+    """The runs of ``preset`` (see ``PRESETS``), optionally narrowed; pre-training runs first."""
+    if preset not in PRESETS:
+        raise ExperimentError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    proto, rows, p_tasks, p_counts, p_seeds, ablation = PRESETS[preset]
+    tasks = _as_tuple(tasks, str) or p_tasks
+    counts = _as_tuple(counts, int) or p_counts
+    seeds = _as_tuple(seeds, int) or p_seeds
+    lrs = _as_tuple(lrs, float) or proto.lrs
+    rows = _as_tuple(methods, str) if methods is not None else rows
+    for m in rows:
+        if m not in METHODS:
+            raise ExperimentError(f"unknown method {m!r}; choose among {list(METHODS)}")
+    work = Path(work_dir).resolve()
+    dataset_dir = str(Path(dataset_dir).resolve()) if dataset_dir not in (None, "None") else "None"
+    pre: dict[str, Run] = {}
+    runs: list[Run] = []
+
+    def init_run(variant, extra=None, tag=""):
+        if variant is None:
+            return None
+        key = f"{variant}{tag}"
+        if key not in pre:
+            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, tag)
+        return pre[key]
+
+    for method in rows:
+        variant, kind = METHODS[method]
+        init = init_run(variant)
+        for task in tasks:
+            for n in counts:
+                for seed in seeds:
+                    for lr in lrs:
+                        runs.append(segmentation_run(kind, method, init, task, n, seed, lr, dataset_dir, work, proto))
+    if ablation:
+        for key, values in ABLATIONS.items():
+            for value in values:
+                init = init_run("full", {key: value}, f"_{key}{value:g}")
+                for task in tasks:
+                    for n in counts:
+                        for seed in seeds:
+                            for lr in lrs:
+                                runs.append(segmentation_run("finetune", "Contrast (Enc) + Ours (Dec)", init, task, n,
+                                                             seed, lr, dataset_dir, work, proto,
+                                                             {"ablation": key, "ablation_value": value}))
+    grid = list(pre.values()) + runs
+    if only:
+        pats = _as_tuple(only, str)
+        keep = [r for r in grid if any(fnmatch.fnmatch(r.name, p) for p in pats)]
+        needed = {d for r in keep for d in r.depends}
+        grid = [r for r in grid if r in keep or r.name in needed]
+    return grid
+
+
+# ---------------------------------------------------------------------------------------------------- runner
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
+        if out.returncode == 0 and names:
+            return f"{len(names)} x {names[0]}" if len(names) > 1 else names[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "cpu"
+
+
+def atomic_write_json(obj, path: Path) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_dir(work_dir, run: Run) -> Path:
+    return Path(work_dir).resolve() / "runs" / run.name
+
+
+def result_of(run: Run, out: Path) -> dict:
+    """What a finished run contributes to the results table (read from the files its bundle wrote)."""
+    res = {"name": run.name, "kind": run.kind, **run.meta}
+    if run.kind == "pretrain":
+        if not (out / "model.pt").is_file():
+            raise ExperimentError(f"{out}: the pre-training wrote no model.pt")
+        panel = out / "panels" / "clusters_latest.png"  # relative to the work_dir (results.csv's folder)
+        res["panel"] = panel.relative_to(out.parents[1]).as_posix() if panel.is_file() else ""
+        return res
+    summaries = sorted((out / "eval").glob("*_summary.json"))
+    best = out / "best_metric.json"
+    if not summaries or not best.is_file():
+        raise ExperimentError(f"{out}: expected eval/*_summary.json and best_metric.json after training + evaluation")
+    summary, best = json.loads(summaries[-1].read_text()), json.loads(best.read_text())
+    res.update(test_dice=summary["mean"], test_dice_std_scans=summary["std"], test_scans=summary["n"],
+               val_dice=best["value"], best_epoch=best["epoch"])
+    return res
+
+
+def execute(run: Run, work_dir, env: dict | None = None) -> dict:
+    """Run the commands of ``run`` (logging to ``log.txt``), then write ``run.json`` and ``result.json``."""
+    out = run_dir(work_dir, run)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"name": run.name, "kind": run.kind, "meta": run.meta, "commands": [shlex.join(c) for c in run.commands],
+              "commit": _git_commit(), "gpu": _gpu_name(), "host": os.uname().nodename, "status": "running",
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    atomic_write_json(record, out / "run.json")
+    start = time.perf_counter()
+    with open(out / "log.txt", "a") as log:
+        for cmd in run.commands:
+            log.write(f"+ {shlex.join(cmd)}\n")
+            log.flush()
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+            if rc != 0:
+                record.update(status="failed", returncode=rc, wall_s=round(time.perf_counter() - start, 1))
+                atomic_write_json(record, out / "run.json")
+                raise ExperimentError(f"run {run.name} failed (exit {rc}); see {out / 'log.txt'}")
+    record.update(status="done", wall_s=round(time.perf_counter() - start, 1))
+    result = {**result_of(run, out), "wall_s": record["wall_s"], "commit": record["commit"], "gpu": record["gpu"],
+              "command": record["commands"][0]}
+    atomic_write_json(record, out / "run.json")
+    atomic_write_json(result, out / "result.json")
+    return result
+
+
+def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print) -> dict:
+    """Execute ``grid`` with up to ``jobs`` concurrent runs; runs with a ``result.json`` are skipped, a run waits
+    for its pre-training, a failed pre-training skips its dependants. Returns counts per outcome."""
+    if jobs < 1:
+        raise ExperimentError(f"jobs must be >= 1, got {jobs}")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    done = {r.name for r in grid if (run_dir(work_dir, r) / "result.json").is_file()}
+    counts = {"skipped_existing": len(done), "done": 0, "failed": 0, "skipped_dependency": 0}
+    pending = [r for r in grid if r.name not in done]
+    failed: set[str] = set()
+    running: dict[Future, Run] = {}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for r in list(pending):
+                if any(d in failed for d in r.depends):
+                    pending.remove(r)
+                    failed.add(r.name)
+                    counts["skipped_dependency"] += 1
+                    log(f"skip {r.name}: its pre-training failed")
+                elif len(running) < jobs and all(d in done for d in r.depends):
+                    pending.remove(r)
+                    log(f"start {r.name}")
+                    running[pool.submit(execute, r, work_dir, env)] = r
+            if not running:
+                if pending:
+                    raise ExperimentError(f"runs wait on pre-trainings outside the grid: {[r.name for r in pending]}")
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                r = running.pop(fut)
+                try:
+                    res = fut.result()
+                    done.add(r.name)
+                    counts["done"] += 1
+                    dice = f", test Dice {res['test_dice']:.4f}" if "test_dice" in res else ""
+                    log(f"done {r.name} in {res['wall_s']:.0f} s{dice} [{time.perf_counter() - t0:.0f} s]")
+                except ExperimentError as e:
+                    failed.add(r.name)
+                    counts["failed"] += 1
+                    log(f"FAILED {e}")
+    counts["wall_s"] = round(time.perf_counter() - t0, 1)
+    return counts
+
+
+def collect(work_dir, csv_path: str | None = None) -> Path:
+    """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``)."""
+    work = Path(work_dir)
+    rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
+    if not rows:
+        raise ExperimentError(f"{work}: no runs/*/result.json yet (run the grid first)")
+    keys = ["name", "kind", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
+            "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
+            "gpu", "commit", "panel", "command"]
+    keys += sorted({k for r in rows for k in r} - set(keys))
+    path = Path(csv_path) if csv_path else work / "results.csv"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+class CLI:
+    """Experiment runner of the BIM bundles (see the module docstring)."""
+
+    def presets(self) -> list[str]:
+        """The preset names."""
+        return sorted(PRESETS)
+
+    def plan(self, preset: str, dataset_dir: str = "DATASET", work_dir: str = "WORK", **narrow) -> None:
+        """Print the runs of ``preset`` (narrowed by tasks/counts/seeds/lrs/methods/only) without running them."""
+        grid = build_grid(preset, dataset_dir, work_dir, **narrow)
+        for r in grid:
+            print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")
+        print(f"{len(grid)} runs", file=sys.stderr)
+
+    def run(self, preset: str, dataset_dir: str | None, work_dir: str, jobs: int = 1, **narrow) -> None:
+        """Execute the grid of ``preset`` on ``dataset_dir`` (prepared by data_prep; None: the demo data) in
+        ``work_dir``, ``jobs`` runs at a time, then write ``work_dir/results.csv``. Exits 1 if a run failed."""
+        grid = build_grid(preset, dataset_dir, work_dir, **narrow)
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        print(f"{preset}: {len(grid)} runs, {jobs} at a time, on {_gpu_name()}", flush=True)
+        counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True))
+        print(json.dumps(counts), flush=True)
+        if counts["done"] + counts["skipped_existing"]:
+            print(f"results: {collect(work_dir)}")
+        if counts["failed"] or counts["skipped_dependency"]:
+            sys.exit(1)
+
+    def collect(self, work_dir: str, csv_path: str | None = None) -> None:
+        """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs."""
+        print(collect(work_dir, csv_path))
+
+    def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results") -> None:
+        """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir``."""
+        from results_report import write_report
+
+        paths = [csv_paths] if isinstance(csv_paths, str) else list(csv_paths)
+        for p in write_report(paths, out_dir, title=title):
+            print(p)
+
+
+def main() -> None:
+    import fire
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    fire.Fire(CLI)
+
+
+if __name__ == "__main__":
+    main()

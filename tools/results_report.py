@@ -1,0 +1,318 @@
+"""Results of the experiment runner (``tools/experiments.py``) as the paper's tables and figures.
+
+``write_report(csv_paths, out_dir)`` writes ``out_dir/README.md`` with, per protocol,
+- Table 1's layout: methods x LV/RV/Myo (1/2/4 scans) and Prostate (4/6/8 scans), test 3D Dice x 100 as
+  mean (std over seeds), the best of each column in bold, and the number of seeds behind each cell;
+- the same grid from the paper (``PAPER_TABLE1``) and our gap to it;
+- the ablations (alpha, lambda_CC, K) when the CSV holds them;
+and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
+of the pre-training variants side by side, as the paper's Figure 3) and ``ablations.png``.
+
+Two protocols are reported for every fine-tune: **paper LR** (every method at the preset's ``paper_lr``, the
+paper's protocol of one LR for all) and **LR chosen on validation** (for each method, task, labelled count and
+seed, the LR of the grid with the best validation Dice; its test Dice is reported).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+TASK_COLUMNS = (("lv", "LV"), ("rv", "RV"), ("myo", "Myo"), ("prostate", "Prostate"))
+
+# The paper's Table 1 (3D Dice x 100, mean of 3 seeds): method -> task -> {labelled scans: Dice}
+_PAPER_ROWS = {
+    "Baseline": ((67.13, 74.49, 84.81), (51.82, 60.50, 64.18), (54.05, 67.56, 76.00), (49.91, 71.53, 78.04)),
+    "IIC (Dec)": ((71.96, 82.84, 85.43), (56.92, 63.58, 64.93), (58.31, 70.22, 74.98), (54.21, 72.97, 80.05)),
+    "Contrast (Enc+Dec)": ((77.98, 85.97, 88.42), (66.47, 72.82, 76.69), (64.96, 76.98, 78.76), (60.68, 77.97, 80.53)),
+    "Ours (Dec) MI+CC": ((84.04, 88.52, 89.31), (76.86, 79.13, 75.92), (76.93, 79.59, 81.97), (68.13, 78.75, 82.82)),
+    "Contrast (Enc) + Ours (Dec)": ((84.48, 87.85, 90.04), (75.42, 79.73, 78.89), (74.30, 78.43, 82.82),
+                                    (69.76, 80.47, 82.09)),
+    "Mean Teacher": ((83.13, 87.02, 87.70), (61.61, 68.76, 67.21), (61.55, 75.32, 78.42), (84.71, 85.97, 86.93)),
+    "MT + Ours": ((90.25, 91.36, 91.04), (80.16, 81.50, 78.97), (78.71, 83.33, 83.61), (85.64, 85.60, 88.45)),
+}
+PAPER_TABLE1 = {
+    method: {task: dict(zip((4, 6, 8) if task == "prostate" else (1, 2, 4), values))
+             for (task, _), values in zip(TASK_COLUMNS, rows)}
+    for method, rows in _PAPER_ROWS.items()
+}
+METHOD_ORDER = ("Baseline", "IIC (Dec)", "Contrast (Enc)", "Contrast (Enc+Dec)", "Ours (Dec) MI+CC",
+                "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours")
+ABLATION_LABELS = {"alpha": "alpha", "lambda_cc": "lambda_CC", "num_clusters": "K"}
+
+
+class ReportError(ValueError):
+    """A results CSV that cannot be reported."""
+
+
+def read_rows(csv_paths) -> list[dict]:
+    """The segmentation runs (rows with a test Dice) of the CSVs, with numeric fields converted."""
+    rows = []
+    for path in csv_paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ReportError(f"{path}: no such results CSV (tools/experiments.py collect writes it)")
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"method", "task", "labelled_scans", "seed", "lr", "test_dice", "val_dice"} - set(reader.fieldnames or [])
+            if missing:
+                raise ReportError(f"{path}: missing columns {sorted(missing)}")
+            for r in reader:
+                if r.get("kind") == "pretrain":
+                    if r.get("panel"):  # relative to the CSV's folder (the runner's work_dir)
+                        r["panel"] = str(path.parent / r["panel"])
+                    rows.append(r)
+                    continue
+                try:
+                    for k in ("test_dice", "val_dice", "lr", "paper_lr"):
+                        r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
+                    r["labelled_scans"], r["seed"] = int(r["labelled_scans"]), int(r["seed"])
+                except ValueError as e:
+                    raise ReportError(f"{path}: row {r.get('name')}: {e}") from None
+                rows.append(r)
+    return rows
+
+
+def select(rows: list[dict], protocol: str) -> list[dict]:
+    """One row per (method, ablation, task, labelled scans, seed): ``paper`` keeps the run at ``paper_lr``;
+    ``tuned`` keeps the LR with the best validation Dice (ties: the smaller LR)."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r.get("kind") == "pretrain":
+            continue
+        key = (r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"], r["seed"])
+        groups[key].append(r)
+    out = []
+    for runs in groups.values():
+        if protocol == "paper":
+            chosen = [r for r in runs if math.isclose(r["lr"], r["paper_lr"], rel_tol=1e-6)]
+            if chosen:
+                out.append(chosen[0])
+        elif protocol == "tuned":
+            out.append(max(runs, key=lambda r: (r["val_dice"], -r["lr"])))
+        else:
+            raise ReportError(f"unknown protocol {protocol!r} (paper | tuned)")
+    return out
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def table(rows: list[dict]) -> tuple[list[str], list[tuple], dict]:
+    """``(methods, columns, cells)``: cells[(method, task, n)] = (mean x 100, std x 100, number of seeds)."""
+    values = defaultdict(list)
+    for r in rows:
+        if r.get("ablation"):
+            continue
+        values[(r["method"], r["task"], r["labelled_scans"])].append(100.0 * r["test_dice"])
+    cells = {k: (*_mean_std(v), len(v)) for k, v in values.items()}
+    methods = [m for m in METHOD_ORDER if any(k[0] == m for k in cells)]
+    methods += sorted({k[0] for k in cells} - set(methods))
+    columns = [(t, n) for t, _ in TASK_COLUMNS for n in sorted({k[2] for k in cells if k[1] == t})]
+    return methods, columns, cells
+
+
+def markdown_table(methods, columns, cells, paper: bool = False) -> str:
+    """Table 1's layout in markdown; the best mean of each column in bold. ``paper``: the paper's numbers."""
+    names = dict(TASK_COLUMNS)
+    header = "| method | " + " | ".join(f"{names[t]} {n}" for t, n in columns) + " |"
+    lines = [header, "|" + "---|" * (len(columns) + 1)]
+    best = {}
+    for c in columns:
+        vals = [(cells[(m, *c)][0] if (m, *c) in cells else None) if not paper else PAPER_TABLE1.get(m, {}).get(c[0], {}).get(c[1])
+                for m in methods]
+        vals = [v for v in vals if v is not None]
+        best[c] = max(vals) if vals else None
+    for m in methods:
+        row = [m]
+        for c in columns:
+            if paper:
+                v = PAPER_TABLE1.get(m, {}).get(c[0], {}).get(c[1])
+                text = "–" if v is None else f"{v:.2f}"
+            else:
+                cell = cells.get((m, *c))
+                v = None if cell is None else cell[0]
+                text = "–" if cell is None else (f"{cell[0]:.2f} ({cell[1]:.2f})" + (f" n={cell[2]}" if cell[2] != 3 else ""))
+            row.append(f"**{text}**" if v is not None and best[c] is not None and math.isclose(v, best[c]) else text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def gap_table(methods, columns, cells) -> str:
+    """Our mean minus the paper's, in Dice points (negative: we fall short)."""
+    names = dict(TASK_COLUMNS)
+    lines = ["| method | " + " | ".join(f"{names[t]} {n}" for t, n in columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    for m in methods:
+        row = [m]
+        for c in columns:
+            p, cell = PAPER_TABLE1.get(m, {}).get(c[0], {}).get(c[1]), cells.get((m, *c))
+            row.append("–" if p is None or cell is None else f"{cell[0] - p:+.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=90, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods, columns, cells = table(rows)
+    tasks = [t for t, _ in TASK_COLUMNS if any(c[0] == t for c in columns)]
+    if not tasks:
+        return None
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+    names = dict(TASK_COLUMNS)
+    for ax, task in zip(axes[0], tasks):
+        for m in methods:
+            pts = sorted((c[1], cells[(m, *c)]) for c in columns if c[0] == task and (m, *c) in cells)
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], marker="o",
+                            capsize=3, label=m)
+        ax.set_title(names[task])
+        ax.set_xlabel("labelled scans")
+        ax.set_ylabel("test 3D Dice x 100")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3) -> Path | None:
+    """The last cluster panel of each pre-training (non-ablation) side by side, first ``max_rows`` slices."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    panels = []
+    for r in pretrain_rows:
+        if r.get("ablation") or not r.get("panel") or not Path(r["panel"]).is_file():
+            continue
+        img = np.asarray(Image.open(r["panel"]).convert("RGB"))
+        rows_in_panel = _panel_rows(img)
+        # the first max_rows slices, columns image | cluster map
+        panels.append((r.get("variant", r["name"]), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
+                                                        : img.shape[1] // 2]))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 4.0), squeeze=False)
+    for ax, (name, img) in zip(axes[0], panels):
+        ax.imshow(img)
+        ax.set_title(name, fontsize=9)
+        ax.axis("off")
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def _panel_rows(img) -> int:
+    """Rows (slices) of a cluster panel: pretrain_bim's ClusterPanelHandler draws four square tiles per row."""
+    h, w = img.shape[:2]
+    return max(1, round(h / (w / 4)))
+
+
+def ablation_rows(rows: list[dict]) -> dict:
+    """ablation key -> sorted [(value, mean x 100, std x 100, n)] over seeds/tasks of the ablation runs."""
+    values = defaultdict(list)
+    for r in rows:
+        if r.get("ablation") and r.get("ablation_value") not in (None, ""):
+            values[(r["ablation"], float(r["ablation_value"]))].append(100.0 * r["test_dice"])
+    out = defaultdict(list)
+    for (key, value), v in sorted(values.items()):
+        out[key].append((value, *_mean_std(v), len(v)))
+    return dict(out)
+
+
+def plot_ablations(abl: dict, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not abl:
+        return None
+    fig, axes = plt.subplots(1, len(abl), figsize=(4.0 * len(abl), 3.4), squeeze=False)
+    for ax, (key, pts) in zip(axes[0], abl.items()):
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3)
+        ax.set_xlabel(ABLATION_LABELS.get(key, key))
+        ax.set_ylabel("test 3D Dice x 100")
+        ax.grid(alpha=0.3)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def write_report(csv_paths, out_dir, title: str = "Results") -> list[Path]:
+    """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written."""
+    rows = read_rows(csv_paths)
+    seg = [r for r in rows if r.get("kind") != "pretrain"]
+    if not seg:
+        raise ReportError(f"{[str(p) for p in csv_paths]}: no fine-tuning results to report")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written, md = [], [f"# {title}", "", "3D Dice x 100 on the test scans, mean (std over seeds); `n=` when a cell "
+                       "has other than 3 seeds; best of each column in bold.", ""]
+    gpus = sorted({r.get("gpu", "") for r in rows if r.get("gpu")})
+    commits = sorted({r.get("commit", "") for r in rows if r.get("commit")})
+    md += [f"GPU(s): {', '.join(gpus) or 'unknown'}; commit(s): {', '.join(commits) or 'unknown'}.", ""]
+    for protocol, heading in (("paper", "Paper protocol: one fine-tuning LR for every method (the preset's `paper_lr`)"),
+                              ("tuned", "Each method at its fine-tuning LR chosen on the validation split")):
+        chosen = select(seg, protocol)
+        if not chosen:
+            continue
+        methods, columns, cells = table(chosen)
+        if not methods:
+            continue
+        lrs = sorted({r["lr"] for r in chosen if not r.get("ablation")})
+        md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}.", "",
+               markdown_table(methods, columns, cells), "", "Our mean minus the paper's (Dice points):", "",
+               gap_table(methods, columns, cells), ""]
+        png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
+        if png:
+            written.append(png)
+            md += [f"![Dice vs labelled scans]({png.name})", ""]
+    methods = [m for m in METHOD_ORDER if m in PAPER_TABLE1]
+    paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
+    md += ["## The paper's Table 1 (mean of 3 seeds, its full protocol)", "",
+           markdown_table(methods, paper_cols, {}, paper=True), ""]
+    abl = ablation_rows(select(seg, "paper"))
+    if abl:
+        md += ["## Ablations (paper-LR protocol)", ""]
+        for key, pts in abl.items():
+            md += [f"| {ABLATION_LABELS.get(key, key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
+                   "|" + "---|" * (len(pts) + 1),
+                   "| test Dice | " + " | ".join(f"{p[1]:.2f} ({p[2]:.2f})" for p in pts) + " |", ""]
+        png = plot_ablations(abl, out / "ablations.png")
+        if png:
+            written.append(png)
+            md += [f"![ablations]({png.name})", ""]
+    panels = plot_cluster_panels([r for r in rows if r.get("kind") == "pretrain"], out / "cluster_panels.png")
+    if panels:
+        written.append(panels)
+        md += ["## Cluster maps of the pre-training variants (as the paper's Figure 3)", "",
+               f"![cluster panels]({panels.name})", ""]
+    readme = out / "README.md"
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(md))
+    os.replace(tmp, readme)
+    return [readme, *written]
