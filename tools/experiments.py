@@ -153,8 +153,10 @@ TABLE1 = ("Baseline", "IIC (Dec)", "Contrast (Enc)", "Ours (Dec) MI+CC", "Contra
           "Mean Teacher", "MT + Ours")
 PROSTATE_ROWS = ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours")
 
-FAST = Protocol(pretrain_epochs=5, pretrain_iters=200, pretrain_warmup=1, finetune_epochs=10,
-                finetune_iters=100, finetune_warmup=1, rampup_epochs=4, paper_lr=5e-4, lrs=(1e-4, 5e-4, 2e-3))
+FAST = Protocol(pretrain_epochs=10, pretrain_iters=200, pretrain_warmup=2, finetune_epochs=20,
+                finetune_iters=100, finetune_warmup=2, rampup_epochs=5, paper_lr=1e-4, lrs=(2e-5, 1e-4, 5e-4),
+                pretrain_overrides=("--panel_every", "1000", "--save_every", "1000", "--log_every", "200"),
+                finetune_overrides=("--save_every", "500", "--log_every", "100"))
 PAPER = Protocol()
 SMOKE = Protocol(pretrain_epochs=1, pretrain_iters=2, pretrain_warmup=0, finetune_epochs=1, finetune_iters=2,
                  finetune_warmup=0, rampup_epochs=1, paper_lr=1e-3, lrs=(1e-3,),

@@ -22,10 +22,18 @@ def build_unet(
     features: Sequence[int] = PAPER_FEATURES,
     norm: str = "batch",
     dropout: float = 0.0,
+    bn_momentum: float | None = None,
 ) -> BasicUNet:
-    """Build the paper's 2D U-Net (BatchNorm by default, as in the paper)."""
+    """Build the paper's 2D U-Net (BatchNorm by default, as in the paper). ``bn_momentum`` sets BatchNorm's
+    running-statistics momentum (None: PyTorch's 0.1, an average over the last ~10 batches)."""
     if len(features) != 6:
         raise ValueError(f"features must have 6 widths (5 encoder + last decoder), got {tuple(features)}")
+    if bn_momentum is not None:
+        if norm != "batch":
+            raise ValueError(f"bn_momentum is only meaningful with norm 'batch', got norm {norm!r}")
+        if not 0.0 < float(bn_momentum) <= 1.0:
+            raise ValueError(f"bn_momentum must be in (0, 1], got {bn_momentum}")
+        norm = ("batch", {"momentum": float(bn_momentum)})
     return BasicUNet(
         spatial_dims=2,
         in_channels=in_channels,
