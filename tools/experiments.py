@@ -248,6 +248,10 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
 
 
 def _git_commit() -> str:
+    """HEAD (``+dirty`` with uncommitted changes to tracked files); ``BIM_GIT_COMMIT`` overrides it, for copies of
+    the checkout whose ``.git`` is not the one the code came from (e.g. a remote GPU machine)."""
+    if os.environ.get("BIM_GIT_COMMIT"):
+        return os.environ["BIM_GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
