@@ -169,7 +169,7 @@ PRESETS = {
     # name: (protocol, methods, tasks, counts, seeds, ablations)
     "acdc_fast": (FAST, TABLE1, ACDC_TASKS, ACDC_COUNTS, (0, 1, 2), False),
     "acdc_paper": (PAPER, TABLE1, ACDC_TASKS, ACDC_COUNTS, (0, 1, 2), False),
-    "promise12_fast": (replace(FAST, pretrain_iters=400), PROSTATE_ROWS, PROSTATE_TASKS, PROSTATE_COUNTS, (0, 1, 2), False),
+    "promise12_fast": (replace(FAST, pretrain_epochs=5, pretrain_iters=400), PROSTATE_ROWS, PROSTATE_TASKS, PROSTATE_COUNTS, (0, 1, 2), False),
     "promise12_paper": (replace(PAPER, pretrain_iters=400, paper_lr=2e-4, lrs=(2e-5, 2e-4, 5e-4)), PROSTATE_ROWS,
                         PROSTATE_TASKS, PROSTATE_COUNTS, (0, 1, 2), False),
     "acdc_ablation_fast": (FAST, (), ("lv",), (1,), (0,), True),
