@@ -100,6 +100,14 @@ def select(rows: list[dict], protocol: str) -> list[dict]:
     return out
 
 
+def _lrs_tried(rows: list[dict]) -> list[int]:
+    """How many LRs each (method, ablation, task, labelled scans, seed) cell was run at."""
+    groups = defaultdict(set)
+    for r in rows:
+        groups[(r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"], r["seed"])].add(r["lr"])
+    return [len(v) for v in groups.values()] or [0]
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
 
@@ -138,7 +146,8 @@ def markdown_table(methods, columns, cells, paper: bool = False) -> str:
             else:
                 cell = cells.get((m, *c))
                 v = None if cell is None else cell[0]
-                text = "–" if cell is None else (f"{cell[0]:.2f} ({cell[1]:.2f})" + (f" n={cell[2]}" if cell[2] != 3 else ""))
+                text = "–" if cell is None else (f"{cell[0]:.2f}" if cell[2] == 1 else
+                                                 f"{cell[0]:.2f} ({cell[1]:.2f})" + (f" n={cell[2]}" if cell[2] != 3 else ""))
             row.append(f"**{text}**" if v is not None and best[c] is not None and math.isclose(v, best[c]) else text)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -183,12 +192,19 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], marker="o",
                             capsize=3, label=m)
+        ax.set_xticks(sorted({c[1] for c in columns if c[0] == task}))
         ax.set_title(names[task])
         ax.set_xlabel("labelled scans")
         ax.set_ylabel("test 3D Dice x 100")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    legend_rows = 1 + (len(handles) - 1) // 4
     fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06 * legend_rows + 0.02, 1, 1))
+    fig.legend(handles.values(), handles.keys(), fontsize=8, loc="lower center", ncol=min(4, len(handles)))
     out = _save(fig, path)
     plt.close(fig)
     return out
@@ -283,7 +299,9 @@ def write_report(csv_paths, out_dir, title: str = "Results") -> list[Path]:
         if not methods:
             continue
         lrs = sorted({r["lr"] for r in chosen if not r.get("ablation")})
-        md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}.", "",
+        tried = _lrs_tried(seg)
+        md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
+               + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
                markdown_table(methods, columns, cells), "", "Our mean minus the paper's (Dice points):", "",
                gap_table(methods, columns, cells), ""]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
