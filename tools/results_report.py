@@ -226,7 +226,7 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         img = np.asarray(Image.open(r["panel"]).convert("RGB"))
         rows_in_panel = _panel_rows(img)
         # the first max_rows slices, columns image | cluster map
-        panels.append((r.get("variant", r["name"]), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
+        panels.append((_variant_label(r.get("variant", r["name"])), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
                                                         : img.shape[1] // 2]))
     if not panels:
         return None
@@ -238,6 +238,14 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def _variant_label(variant: str) -> str:
+    """The Table 1 row of a pre-training variant (experiments.METHODS, the one place that maps them)."""
+    from experiments import METHODS
+
+    labels = [m for m, (v, kind) in METHODS.items() if v == variant and kind == "finetune"]
+    return f"{labels[0]}\n({variant})" if labels else variant
 
 
 def _panel_rows(img) -> int:

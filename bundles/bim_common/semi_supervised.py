@@ -250,6 +250,7 @@ class SemiSupervisedStep:
         bf16: bool = True,
         channels_last: bool = True,
         teacher_batch_stats: bool = True,
+        joint_student_batch: bool = True,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -274,6 +275,7 @@ class SemiSupervisedStep:
         self.discriminator, self.discriminator_optimizer = discriminator, discriminator_optimizer
         self.bf16, self.channels_last = bool(bf16), bool(channels_last)
         self.teacher_batch_stats = bool(teacher_batch_stats)
+        self.joint_student_batch = bool(joint_student_batch)
 
     # ---- helpers
 
@@ -286,6 +288,15 @@ class SemiSupervisedStep:
             x = x.contiguous(memory_format=torch.channels_last)
         with bf16_autocast(x.device, self.bf16):
             return network(x).float()
+
+    def _student(self, student: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
+        """The student's logits for the concatenation of ``parts`` (labelled batch first). ``joint_student_batch``:
+        one forward of the concatenated batch, so BatchNorm normalises labelled and unlabelled images with the
+        statistics of the mixed batch (as SSL4MIS does); otherwise one forward per part, each normalised with
+        its own batch statistics (the labelled batch exactly as in supervised fine-tuning)."""
+        if self.joint_student_batch:
+            return self._forward(student, torch.cat(parts))
+        return torch.cat([self._forward(student, p) for p in parts])
 
     def _jitter(self, x: torch.Tensor) -> torch.Tensor:
         if self.augment.brightness or self.augment.contrast:
@@ -374,7 +385,7 @@ class SemiSupervisedStep:
         t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
         # the student's labelled view is warp(x, M @ A): the same matrix warps the label
         y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")
-        logits = self._forward(student, torch.cat([s_l, s_u]))
+        logits = self._student(student, s_l, s_u)
         if self.consistency_on_labelled:
             teacher_in, extra, student_logits = torch.cat([t_l, t_u]), torch.cat([a_l, a_u]), logits
         else:
@@ -412,7 +423,7 @@ class SemiSupervisedStep:
         x, y = self.labelled_view(batch["image"], batch["label"])
         x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
         x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.ict_alpha)
-        logits = self._forward(student, torch.cat([x, x_mix]))
+        logits = self._student(student, x, x_mix)
         b_l = x.shape[0]
         return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
                 "loss_reg": softmax_mse(logits[b_l:], target),
@@ -421,7 +432,7 @@ class SemiSupervisedStep:
     def _entropy_min(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
         x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        logits = self._forward(student, torch.cat([x, x_u]))
+        logits = self._student(student, x, x_u)
         b_l = x.shape[0]
         return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()), "loss_reg": entropy_loss(logits[b_l:]),
                 "image": x, "label": y, "pred": logits[:b_l]}
@@ -431,7 +442,7 @@ class SemiSupervisedStep:
         b_l = x.shape[0]
         onehot = F.one_hot(y[:, 0].long(), self.num_classes).permute(0, 3, 1, 2).float()
         x_mix, target, _, _ = self.mix_pairs(x, onehot, self.mixup_alpha)
-        logits = self._forward(student, torch.cat([x, x_mix]))
+        logits = self._student(student, x, x_mix)
         return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
                 "loss_reg": soft_cross_entropy(logits[b_l:], target),
                 "image": x, "label": y, "pred": logits[:b_l]}
@@ -439,7 +450,7 @@ class SemiSupervisedStep:
     def _adversarial(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
         x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        logits = self._forward(student, torch.cat([x, x_u]))
+        logits = self._student(student, x, x_u)
         b_l = x.shape[0]
         prob = torch.softmax(logits, dim=1)
         d_u = self.discriminator(prob[b_l:])  # generator term: unlabelled predictions should look labelled
