@@ -294,7 +294,7 @@ def write_report(csv_paths, out_dir, title: str = "Results") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, md = [], [f"# {title}", "", "3D Dice x 100 on the test scans, mean (std over seeds); `n=` when a cell "
-                       "has other than 3 seeds; best of each column in bold.", ""]
+                       "has 2 or more than 3 seeds, a bare number when it has one seed; best of each column in bold.", ""]
     gpus = sorted({r.get("gpu", "") for r in rows if r.get("gpu")})
     commits = sorted({r.get("commit", "") for r in rows if r.get("commit")})
     md += [f"GPU(s): {', '.join(gpus) or 'unknown'}; commit(s): {', '.join(commits) or 'unknown'}.", ""]
