@@ -382,3 +382,26 @@ def test_pretrained_initialises_student_and_teacher(tmp_path):
         assert torch.equal(s[k], v) and torch.equal(t[k], v), k
     for k in ("final_conv.weight", "final_conv.bias"):  # not pre-trained: the teacher copies the student's init
         assert torch.equal(s[k], t[k]) and not torch.equal(s[k], source.state_dict()[k])
+
+
+# ------------------------------------------------------------------------------ labelled / unlabelled batch norm
+
+
+@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt", "ict", "entropy_min", "adversarial"])
+@pytest.mark.parametrize("joint", [False, True])
+def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_forward(method, joint):
+    """Default: the student's labelled logits are BatchNorm'd without the unlabelled images (the joint forward
+    made every method collapse on 1 labelled ACDC scan); ``joint_student_batch`` true restores the mixed batch."""
+    preds = []
+    for unlabelled_seed in (1, 2):
+        torch.manual_seed(0)
+        net = build_unet(out_channels=2, features=TINY)
+        kwargs = {"joint_student_batch": joint, "lr": 0.0}
+        if method == "adversarial":
+            disc = ss.PredictionDiscriminator(2, features=(4, 8))
+            kwargs.update(discriminator=disc, discriminator_optimizer=torch.optim.SGD(disc.parameters(), lr=0.0))
+        step = _step(method, net, **kwargs)
+        batch = _batch(seed=0)
+        batch["unlabelled"] = _batch(seed=unlabelled_seed)["unlabelled"] * 3.0
+        preds.append(step(net, batch, 0)["pred"])
+    assert torch.allclose(preds[0], preds[1], atol=1e-6) is (not joint)

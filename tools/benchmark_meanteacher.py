@@ -3,6 +3,7 @@
     python tools/benchmark_meanteacher.py [--batch_size 12] [--unlabelled_batch_size 12] [--size 224]
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
+                                          [--compile False] [--joint_student_batch False]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -33,7 +34,7 @@ def _sync(device: torch.device) -> None:
 def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
-         compile: bool = False) -> None:
+         compile: bool = False, joint_student_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
@@ -53,6 +54,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         method, SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes, teacher=teacher,
         weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
         discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
+        joint_student_batch=joint_student_batch,
     )
     student = torch.compile(net) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -85,7 +87,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "ms_per_step": round(1000 * seconds, 3),
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
-        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile),
+        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "joint_student_batch": bool(joint_student_batch),
         "torch": torch.__version__,
     }
     print(json.dumps(result))

@@ -436,12 +436,13 @@ class CLI:
         """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs."""
         print(collect(work_dir, csv_path))
 
-    def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results") -> None:
-        """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir``."""
+    def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "") -> None:
+        """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
+        paragraph placed under the title)."""
         from results_report import write_report
 
         paths = [csv_paths] if isinstance(csv_paths, str) else list(csv_paths)
-        for p in write_report(paths, out_dir, title=title):
+        for p in write_report(paths, out_dir, title=title, note=note):
             print(p)
 
 

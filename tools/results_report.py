@@ -285,7 +285,7 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
     return out
 
 
-def write_report(csv_paths, out_dir, title: str = "Results") -> list[Path]:
+def write_report(csv_paths, out_dir, title: str = "Results", note: str = "") -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written."""
     rows = read_rows(csv_paths)
     seg = [r for r in rows if r.get("kind") != "pretrain"]
@@ -298,6 +298,8 @@ def write_report(csv_paths, out_dir, title: str = "Results") -> list[Path]:
     gpus = sorted({r.get("gpu", "") for r in rows if r.get("gpu")})
     commits = sorted({r.get("commit", "") for r in rows if r.get("commit")})
     md += [f"GPU(s): {', '.join(gpus) or 'unknown'}; commit(s): {', '.join(commits) or 'unknown'}.", ""]
+    if note:
+        md += [note, ""]
     for protocol, heading in (("paper", "Paper protocol: one fine-tuning LR for every method (the preset's `paper_lr`)"),
                               ("tuned", "Each method at its fine-tuning LR chosen on the validation split")):
         chosen = select(seg, protocol)
