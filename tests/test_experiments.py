@@ -181,3 +181,9 @@ def test_smoke_report_writes_tables_and_pngs(smoke_work, tmp_path):
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_method_names_with_spaces_survive_the_command_line(tmp_path):
+    grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                         methods="Contrast (Enc) + Ours (Dec),Baseline")
+    assert {r.meta.get("method") for r in grid if r.kind != "pretrain"} == {"Contrast (Enc) + Ours (Dec)", "Baseline"}

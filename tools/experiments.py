@@ -179,11 +179,13 @@ ABLATIONS = {"alpha": (0.0, 0.25, 0.5, 0.75, 1.0), "lambda_cc": (0.0, 0.1, 1.0, 
              "num_clusters": (5, 10, 20, 40, 60)}
 
 
-def _as_tuple(value, cast) -> tuple | None:
+def _as_tuple(value, cast, names: bool = False) -> tuple | None:
+    """A command-line value (one item, a list, or a comma/space-separated string; ``names``: comma-separated
+    only, since method names contain spaces) as a tuple of ``cast`` items."""
     if value is None:
         return None
     if isinstance(value, str):
-        value = [v for v in value.replace(",", " ").split()]
+        value = [v.strip() for v in value.split(",")] if names else value.replace(",", " ").split()
     if not isinstance(value, (list, tuple)):
         value = [value]
     return tuple(cast(v) for v in value)
@@ -199,7 +201,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     counts = _as_tuple(counts, int) or p_counts
     seeds = _as_tuple(seeds, int) or p_seeds
     lrs = _as_tuple(lrs, float) or proto.lrs
-    rows = _as_tuple(methods, str) if methods is not None else rows
+    rows = _as_tuple(methods, str, names=True) if methods is not None else rows
     for m in rows:
         if m not in METHODS:
             raise ExperimentError(f"unknown method {m!r}; choose among {list(METHODS)}")
