@@ -187,3 +187,14 @@ def test_method_names_with_spaces_survive_the_command_line(tmp_path):
     grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
                          methods="Contrast (Enc) + Ours (Dec),Baseline")
     assert {r.meta.get("method") for r in grid if r.kind != "pretrain"} == {"Contrast (Enc) + Ours (Dec)", "Baseline"}
+
+
+def test_ablation_rows_average_over_seeds_and_render(tmp_path):
+    rows = [_row("Contrast (Enc) + Ours (Dec)", "lv", 1, s, 1e-4, 0.5, d, ablation="alpha", ablation_value=a)
+            for a, ds in ((0.0, (0.2, 0.4)), (0.5, (0.6, 0.8))) for s, d in enumerate(ds)]
+    abl = rr.ablation_rows(rows)
+    assert [(p[0], round(p[1], 6), p[3]) for p in abl["alpha"]] == [(0.0, 30.0, 2), (0.5, 70.0, 2)]
+    png = rr.plot_ablations(abl, tmp_path / "ablations.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # ablation runs stay out of Table 1
+    assert rr.table(rows)[0] == []
