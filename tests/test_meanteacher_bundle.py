@@ -121,3 +121,20 @@ def test_bundle_properties(mean_teacher_run, demo_dataset):
     meta = json.loads((ROOT / "bundles" / "meanteacher_seg" / "configs" / "metadata.json").read_text())
     assert meta["monai_version"] == "1.6.1" and meta["pytorch_version"] == "2.13.0" and meta["numpy_version"] == "2.4.6"
     assert meta["version"] in meta["changelog"]
+
+
+@pytest.mark.parametrize("method", ["mean_teacher", "adversarial"])
+def test_multi_gpu_config_runs_under_torchrun_on_cpu(method, demo_dataset, tmp_path):
+    """multi_gpu_train.json under torchrun with 2 processes (gloo on CPU): the DDP student takes two forwards
+    (labelled, unlabelled) before one backward, the teacher stays outside DDP, the discriminator is DDP too."""
+    import subprocess
+
+    from bundle_helpers import bundle_run_command
+
+    out = tmp_path / method
+    cmd = bundle_run_command("meanteacher_seg", ["train.json", f"variants/{method}.json", "multi_gpu_train.json"],
+                             dataset_dir=demo_dataset, output_dir=out, epochs=1, iters_per_epoch=2, save_every=2, **FAST)
+    cmd = [cmd[0], "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "model.pt").is_file() and (out / "checkpoint_final.pt").is_file()
