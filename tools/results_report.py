@@ -167,10 +167,19 @@ def gap_table(methods, columns, cells) -> str:
 
 
 def _save(fig, path: Path) -> Path:
+    """``fig`` as a 256-colour PNG (small enough to commit), written atomically."""
+    from PIL import Image
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
     os.close(fd)
-    fig.savefig(tmp, dpi=90, bbox_inches="tight")
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=90, bbox_inches="tight")
+        Image.open(tmp).convert("RGB").quantize(256).save(tmp, optimize=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
