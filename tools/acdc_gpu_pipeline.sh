@@ -25,25 +25,15 @@ run() { echo "+ $*" >&2; /usr/bin/time -f "wall %e s" "$@"; }
 summary() {  # name json_dir
   cp "$2"/eval/*_summary.json "$res/$1.json"
 }
-finetune() {  # name pretrained lr
-  local out="$work/$1"
-  run $PY -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json --dataset_dir "$data" \
-    --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$2" --learning_rate "$3" \
+segment() {  # bundle name pretrained lr: train, then evaluate the best checkpoint on the test scans
+  local cfg="bundles/$1/configs" out="$work/$2"
+  run $PY -m monai.bundle run --config_file "$cfg/train.json" --dataset_dir "$data" \
+    --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$3" --learning_rate "$4" \
     --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $EXTRA \
-    --output_dir "$out" > "$work/$1.log" 2>&1
-  run $PY -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" \
-    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$1.log" 2>&1
-  summary "$1" "$out"
-}
-meanteacher() {  # name pretrained
-  local out="$work/$1"
-  run $PY -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json --dataset_dir "$data" \
-    --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$2" --learning_rate "$MT_LR" \
-    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $EXTRA \
-    --output_dir "$out" > "$work/$1.log" 2>&1
-  run $PY -m monai.bundle run --config_file "['bundles/meanteacher_seg/configs/train.json','bundles/meanteacher_seg/configs/evaluate.json']" \
-    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$1.log" 2>&1
-  summary "$1" "$out"
+    --output_dir "$out" > "$work/$2.log" 2>&1
+  run $PY -m monai.bundle run --config_file "['$cfg/train.json','$cfg/evaluate.json']" \
+    --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$2.log" 2>&1
+  summary "$2" "$out"
 }
 
 pretrain() {
@@ -57,13 +47,13 @@ case "$stage" in
   pretrain-finetune)
     pretrain
     for lr in $FT_LRS; do
-      finetune "ft_${TASK}_n${N}_random_lr${lr}" None "$lr"
-      finetune "ft_${TASK}_n${N}_bim_lr${lr}" "$work/pretrain/model.pt" "$lr"
+      segment finetune_seg "ft_${TASK}_n${N}_random_lr${lr}" None "$lr"
+      segment finetune_seg "ft_${TASK}_n${N}_bim_lr${lr}" "$work/pretrain/model.pt" "$lr"
     done ;;
   meanteacher)
     [ -f "$work/pretrain/model.pt" ] || pretrain
-    meanteacher "mt_${TASK}_n${N}_random_lr${MT_LR}" None
-    meanteacher "mt_${TASK}_n${N}_bim_lr${MT_LR}" "$work/pretrain/model.pt" ;;
+    segment meanteacher_seg "mt_${TASK}_n${N}_random_lr${MT_LR}" None "$MT_LR"
+    segment meanteacher_seg "mt_${TASK}_n${N}_bim_lr${MT_LR}" "$work/pretrain/model.pt" "$MT_LR" ;;
   *) echo "unknown stage $stage (pretrain-finetune | meanteacher)" >&2; exit 2 ;;
 esac
 $PY - "$res" <<'PYEOF'
