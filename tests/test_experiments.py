@@ -95,6 +95,30 @@ def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp
     assert counts["skipped_existing"] == 1 and counts["failed"] == 1
 
 
+def test_runs_are_spread_over_gpus_by_load_and_each_sees_only_its_gpu(tmp_path):
+    # pre-trainings weigh 3, fine-tunes 1: with 2 GPUs the two pre-trainings go to different GPUs, and the
+    # fine-tunes started next to them fill the GPU with the lighter load first
+    assert ex.pick_gpu(["0", "1"], []) == "0"
+    assert ex.pick_gpu(["0", "1"], [("0", "pretrain")]) == "1"
+    assert ex.pick_gpu(["0", "1"], [("0", "pretrain"), ("1", "finetune"), ("1", "finetune")]) == "1"
+    assert ex.pick_gpu(["0", "1"], [("0", "pretrain"), ("1", "meanteacher"), ("1", "finetune")]) == "0"
+    assert ex.parse_gpus(2) == ["0", "1"] and ex.parse_gpus("1,3") == ["1", "3"] and ex.parse_gpus((0, 2)) == ["0", "2"]
+    assert ex.parse_gpus(None) == []
+    for bad in (0, "a,b", "0,0"):
+        with pytest.raises(ex.ExperimentError, match="gpus"):
+            ex.parse_gpus(bad)
+    code = ("import os, pathlib, time; time.sleep(0.5); "
+            "pathlib.Path(os.environ['OUT']).write_text(os.environ.get('CUDA_VISIBLE_DEVICES', ''))")
+    runs = [ex.Run(f"pre_{i}", "pretrain", ((sys.executable, "-c", code.replace("os.environ['OUT']", repr(str(
+        tmp_path / f"seen_{i}")))),), {}) for i in range(2)]
+    counts = ex.run_grid(runs, tmp_path, jobs=2, log=lambda s: None, gpus="0,1")
+    assert counts["failed"] == 2  # the fake runs write no model.pt; what matters is where they ran
+    assert sorted((tmp_path / f"seen_{i}").read_text() for i in range(2)) == ["0", "1"]
+    recorded = sorted(json.loads((tmp_path / "runs" / f"pre_{i}" / "run.json").read_text())["cuda_visible_devices"]
+                      for i in range(2))
+    assert recorded == ["0", "1"]
+
+
 def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):
     run = ex.Run("ft_x", "finetune", ((sys.executable, "-c", "pass"),), {})
     with pytest.raises(ex.ExperimentError, match="ft_x.*best_metric.json"):

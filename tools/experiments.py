@@ -318,6 +318,7 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "kind": run.kind, "meta": run.meta, "commands": [shlex.join(c) for c in run.commands],
               "commit": _git_commit(), "gpu": _gpu_name(), "host": os.uname().nodename, "status": "running",
+              "cuda_visible_devices": (env or os.environ).get("CUDA_VISIBLE_DEVICES"),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(record, out / "run.json")
     start = time.perf_counter()
@@ -338,13 +339,46 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     return result
 
 
-def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print) -> dict:
+# GPU load of a run when placing it on one of several GPUs: a pre-training step processes ~7x the images of a
+# fine-tuning step (36 vs 5), a Mean Teacher step ~3x (student labelled + unlabelled, teacher)
+RUN_LOAD = {"pretrain": 3, "meanteacher": 2, "finetune": 1}
+
+
+def parse_gpus(gpus) -> list[str]:
+    """``--gpus``: None (every run sees what the environment gives), a count (``2``: GPUs 0 and 1) or a list of
+    device ids (``0,1`` / ``[0, 1]``)."""
+    if gpus in (None, "", "None"):
+        return []
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        if gpus < 1:
+            raise ExperimentError(f"gpus must be >= 1 (a count) or a list of device ids, got {gpus}")
+        return [str(i) for i in range(gpus)]
+    ids = [str(g).strip() for g in (gpus.split(",") if isinstance(gpus, str) else gpus) if str(g).strip()]
+    if not ids or len(set(ids)) != len(ids) or not all(i.isdigit() for i in ids):
+        raise ExperimentError(f"gpus must be a count or distinct device ids such as 0,1; got {gpus!r}")
+    return ids
+
+
+def pick_gpu(gpus: list[str], running: list[tuple[str, str]]) -> str:
+    """The GPU of ``gpus`` with the least load (``RUN_LOAD``) among the ``running`` (gpu, kind) pairs; ties go to
+    the first listed."""
+    load = {g: 0 for g in gpus}
+    for g, kind in running:
+        if g in load:
+            load[g] += RUN_LOAD.get(kind, 1)
+    return min(gpus, key=lambda g: load[g])
+
+
+def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> dict:
     """Execute ``grid`` with up to ``jobs`` concurrent runs; runs with a ``result.json`` are skipped, a run waits
-    for its pre-training, a failed pre-training skips its dependants. Returns counts per outcome."""
+    for its pre-training, a failed pre-training skips its dependants. With ``gpus`` (see :func:`parse_gpus`) each
+    run is started on the least loaded of those GPUs (``CUDA_VISIBLE_DEVICES``). Returns counts per outcome."""
     if jobs < 1:
         raise ExperimentError(f"jobs must be >= 1, got {jobs}")
+    gpus = parse_gpus(gpus)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    placed: dict[str, str] = {}  # run name -> GPU
     done = {r.name for r in grid if (run_dir(work_dir, r) / "result.json").is_file()}
     counts = {"skipped_existing": len(done), "done": 0, "failed": 0, "skipped_dependency": 0}
     pending = [r for r in grid if r.name not in done]
@@ -361,8 +395,12 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print) -> dict:
                     log(f"skip {r.name}: its pre-training failed")
                 elif len(running) < jobs and all(d in done for d in r.depends):
                     pending.remove(r)
-                    log(f"start {r.name}")
-                    running[pool.submit(execute, r, work_dir, env)] = r
+                    run_env = env
+                    if gpus:
+                        placed[r.name] = pick_gpu(gpus, [(placed[x.name], x.kind) for x in running.values()])
+                        run_env = {**env, "CUDA_VISIBLE_DEVICES": placed[r.name]}
+                    log(f"start {r.name}" + (f" on GPU {placed[r.name]}" if gpus else ""))
+                    running[pool.submit(execute, r, work_dir, run_env)] = r
             if not running:
                 if pending:
                     raise ExperimentError(f"runs wait on pre-trainings outside the grid: {[r.name for r in pending]}")
@@ -421,13 +459,15 @@ class CLI:
             print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")
         print(f"{len(grid)} runs", file=sys.stderr)
 
-    def run(self, preset: str, dataset_dir: str | None, work_dir: str, jobs: int = 1, **narrow) -> None:
+    def run(self, preset: str, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None, **narrow) -> None:
         """Execute the grid of ``preset`` on ``dataset_dir`` (prepared by data_prep; None: the demo data) in
-        ``work_dir``, ``jobs`` runs at a time, then write ``work_dir/results.csv``. Exits 1 if a run failed."""
+        ``work_dir``, ``jobs`` runs at a time (``gpus``: spread them over these GPUs, e.g. ``2`` or ``0,1``), then
+        write ``work_dir/results.csv``. Exits 1 if a run failed."""
         grid = build_grid(preset, dataset_dir, work_dir, **narrow)
+        parse_gpus(gpus)  # a bad --gpus fails before anything runs
         Path(work_dir).mkdir(parents=True, exist_ok=True)
         print(f"{preset}: {len(grid)} runs, {jobs} at a time, on {_gpu_name()}", flush=True)
-        counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True))
+        counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True), gpus=gpus)
         print(json.dumps(counts), flush=True)
         if counts["done"] + counts["skipped_existing"]:
             print(f"results: {collect(work_dir)}")
