@@ -168,6 +168,18 @@ def test_report_rejects_a_csv_without_results_columns(tmp_path):
         rr.write_report([bad], tmp_path / "out")
 
 
+def test_a_run_in_several_csvs_is_taken_from_the_last_one(tmp_path):
+    cols = ["name", "kind", "method", "task", "labelled_scans", "seed", "lr", "paper_lr", "val_dice", "test_dice"]
+    old, new = tmp_path / "old.csv", tmp_path / "new.csv"
+    old.write_text(",".join(cols) + "\nft_a,finetune,Baseline,lv,1,0,1e-4,1e-4,0.3,0.10\n"
+                   "ft_b,finetune,Baseline,lv,1,1,1e-4,1e-4,0.3,0.20\n")
+    new.write_text(",".join(cols) + "\nft_a,finetune,Baseline,lv,1,0,1e-4,1e-4,0.4,0.30\n")
+    rows = rr.read_rows([old, new])
+    assert sorted((r["name"], r["test_dice"]) for r in rows) == [("ft_a", 0.30), ("ft_b", 0.20)]
+    assert rr.table(rr.select(rows, "paper"))[2][("Baseline", "lv", 1)][:1] == pytest.approx((25.0,))
+    assert {r["name"]: r["test_dice"] for r in rr.read_rows([new, old])}["ft_a"] == 0.10
+
+
 # ------------------------------------------------------------------------------- end to end: bundles on demo data
 
 

@@ -92,6 +92,14 @@ def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
     assert summary["mean"] == pytest.approx(np.mean(dice), abs=1e-5)
     assert summary["std"] == pytest.approx(np.std(dice), abs=1e-5)
     assert summary["checkpoint"].endswith("model.pt") and summary["task"] == "lv"
+    # the prediction panel: one row (image | outlines) per test scan, captioned with its Dice
+    from PIL import Image
+
+    panel = np.asarray(Image.open(finetuned["dir"] / "eval" / "lv_n1_seed0_predictions.png"))
+    n = summary["n"]
+    assert panel.shape[0] % n == 0 and panel.shape[1] == 2 * (panel.shape[0] // n) and panel.shape[2] == 3
+    green = (panel[..., 1] > 200) & (panel[..., 0] < 50)
+    assert green[:, panel.shape[1] // 2:].any() and not green[:, : panel.shape[1] // 2].any()  # outlines on the right
 
     sys.path.insert(0, str(ROOT / "bundles"))
     from bim_common.network import build_unet

@@ -242,3 +242,14 @@ def test_empty_evaluation_list_is_a_clear_error(tmp_path):
 
     with pytest.raises(ValueError, match="'validation' list .* is empty"):
         evaluation_items(tmp_path, "validation")
+
+
+def test_mask_outline_is_the_border_of_the_mask():
+    from bim_common.images import mask_outline
+
+    mask = np.zeros((7, 7), bool)
+    mask[1:6, 1:6] = True
+    edge = mask_outline(mask)
+    assert edge.sum() == 16 and not edge[2:5, 2:5].any() and edge[1, 1:6].all() and edge[1:6, 5].all()
+    assert not mask_outline(np.zeros((4, 4), bool)).any()
+    assert mask_outline(np.ones((3, 3), bool)).sum() == 8  # the image border counts as outside

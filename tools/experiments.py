@@ -283,6 +283,7 @@ def atomic_write_json(obj, path: Path) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True)
             f.write("\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -438,6 +439,7 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 

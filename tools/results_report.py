@@ -51,8 +51,10 @@ class ReportError(ValueError):
 
 
 def read_rows(csv_paths) -> list[dict]:
-    """The segmentation runs (rows with a test Dice) of the CSVs, with numeric fields converted."""
-    rows = []
+    """The runs of the CSVs (pre-trainings and segmentation runs with a test Dice), numeric fields converted.
+    A run name found in several CSVs (the same cell run again, e.g. in a later GPU call) is taken from the last
+    CSV that holds it, so list the CSVs oldest first."""
+    rows: dict[str, dict] = {}
     for path in csv_paths:
         path = Path(path)
         if not path.is_file():
@@ -66,7 +68,8 @@ def read_rows(csv_paths) -> list[dict]:
                 if r.get("kind") == "pretrain":
                     if r.get("panel"):  # relative to the CSV's folder (the runner's work_dir)
                         r["panel"] = str(path.parent / r["panel"])
-                    rows.append(r)
+                    rows.pop(r.get("name"), None)
+                    rows[r.get("name")] = r
                     continue
                 try:
                     for k in ("test_dice", "val_dice", "lr", "paper_lr"):
@@ -74,8 +77,9 @@ def read_rows(csv_paths) -> list[dict]:
                     r["labelled_scans"], r["seed"] = int(r["labelled_scans"]), int(r["seed"])
                 except ValueError as e:
                     raise ReportError(f"{path}: row {r.get('name')}: {e}") from None
-                rows.append(r)
-    return rows
+                rows.pop(r.get("name"), None)
+                rows[r.get("name")] = r
+    return list(rows.values())
 
 
 def select(rows: list[dict], protocol: str) -> list[dict]:
@@ -351,5 +355,6 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "") -> 
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(md))
+    os.chmod(tmp, 0o644)
     os.replace(tmp, readme)
     return [readme, *written]

@@ -6,7 +6,8 @@
 - :func:`dice_metric_handler`: MONAI's ``DiceMetric`` (3D, per scan, without background) as an Ignite metric;
 - :class:`BestMetricSaver`: keeps the weights of the best validation epoch as ``model.pt`` + ``best_metric.json``;
 - :class:`ValidateAtEnd`: validates after the last epoch when it is not a multiple of the validation interval;
-- :class:`ScanDiceWriter`: writes per-scan Dice (CSV) and its summary (JSON) of an evaluation run.
+- :class:`ScanDiceWriter`: writes per-scan Dice (CSV) and its summary (JSON) of an evaluation run;
+- :class:`PredictionPanelWriter`: a PNG of a few scans' label and prediction outlines after an evaluation run.
 """
 
 from __future__ import annotations
@@ -217,6 +218,82 @@ class ScanDiceWriter:
             _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.output_dir / f"{self.prefix}_summary.json")
             logger.info(f"test Dice {summary['mean']:.4f} ± {summary['std']:.4f} over {summary['n']} scans -> {csv_path}")
         return summary
+
+
+class PredictionPanelWriter:
+    """Attached to an evaluator (decollated outputs with one-hot ``pred`` and ``label`` [C, H, W, D] and
+    ``image`` [1, H, W, D]): at the end writes ``output_dir/<prefix>_predictions.png``, one row per scan (the first
+    ``max_scans``): the slice with the most labelled foreground (the middle slice when the label is empty), plain
+    and with the label's outline in green and the prediction's in red, captioned with the scan and its 3D Dice
+    (from ``metric_name``'s per-scan details when the evaluator has them)."""
+
+    def __init__(self, output_dir: str, prefix: str, metric_name: str = "val_mean_dice", max_scans: int = 8) -> None:
+        if int(max_scans) < 1:
+            raise ValueError(f"max_scans must be >= 1, got {max_scans}")
+        self.output_dir, self.prefix = Path(output_dir), prefix
+        self.metric_name, self.max_scans = metric_name, int(max_scans)
+        self.rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.seen = 0
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, self.reset)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.collect)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.write)
+
+    def reset(self, engine: Engine | None = None) -> None:
+        self.rows.clear()
+        self.seen = 0
+
+    def collect(self, engine: Engine) -> None:
+        outputs = engine.state.output if isinstance(engine.state.output, list) else [engine.state.output]
+        batch = engine.state.batch if isinstance(engine.state.batch, list) else [engine.state.batch]
+        for i, out in enumerate(outputs):
+            self.seen += 1
+            if len(self.rows) >= self.max_scans:
+                continue
+            scan = batch[i].get("scan", f"scan{self.seen - 1}") if i < len(batch) else f"scan{self.seen - 1}"
+            scan = str(scan[0] if isinstance(scan, (list, tuple)) else scan)
+            image = torch.as_tensor(out["image"]).detach().float().cpu()[0].numpy()
+            label = torch.as_tensor(out["label"]).detach().cpu().argmax(0).numpy()
+            pred = torch.as_tensor(out["pred"]).detach().cpu().argmax(0).numpy()
+            fg = (label > 0).reshape(-1, label.shape[-1]).sum(0)
+            z = int(fg.argmax()) if fg.max() > 0 else label.shape[-1] // 2
+            self.rows.append((scan, image[..., z], label[..., z], pred[..., z]))
+
+    def write(self, engine: Engine) -> Path | None:
+        if not self.rows or not _is_main_process():
+            return None
+        from PIL import Image, ImageDraw
+
+        from .images import gray_rgb, mask_outline, save_png
+
+        details = getattr(engine.state, "metric_details", {}).get(self.metric_name)
+        dice = None
+        if details is not None:
+            per_scan = torch.as_tensor(details).float().cpu().reshape(self.seen, -1).mean(1).tolist()
+            dice = per_scan[: len(self.rows)]
+        h = max(r[1].shape[0] for r in self.rows)
+        w = max(r[1].shape[1] for r in self.rows)
+        panel = np.zeros((h * len(self.rows), 2 * w, 3), np.uint8)
+        for k, (scan, image, label, pred) in enumerate(self.rows):
+            plain = gray_rgb(image)
+            overlay = plain.copy()
+            for mask, colour in ((label, (0, 220, 0)), (pred, (255, 40, 40))):
+                edge = np.zeros(mask.shape, bool)
+                for c in np.unique(mask[mask > 0]):
+                    edge |= mask_outline(mask == c)
+                overlay[edge] = colour
+            ih, iw = image.shape
+            panel[k * h:k * h + ih, :iw] = plain
+            panel[k * h:k * h + ih, w:w + iw] = overlay
+        img = Image.fromarray(panel)
+        draw = ImageDraw.Draw(img)
+        for k, (scan, *_rest) in enumerate(self.rows):
+            caption = scan + (f"  Dice {dice[k]:.3f}" if dice is not None else "")
+            draw.text((4, k * h + 4), caption, fill=(255, 255, 0))
+        path = save_png(np.asarray(img), self.output_dir / f"{self.prefix}_predictions.png")
+        logger.info(f"prediction panel ({len(self.rows)} scans; label green, prediction red) -> {path}")
+        return path
 
 
 def require_checkpoint(path: str | os.PathLike, hint: str = "run the bundle's train.json first") -> str:

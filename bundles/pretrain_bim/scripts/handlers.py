@@ -12,6 +12,7 @@ from ignite.engine import Engine, Events
 from bim_common.data import SliceStore
 from bim_common.engine import atomic_save
 from bim_common.gpu_augment import crop_matrices, warp
+from bim_common.images import gray_rgb, save_png
 
 from . import losses as L
 
@@ -24,24 +25,6 @@ def cluster_palette(k: int) -> np.ndarray:
 
     cols = [colorsys.hsv_to_rgb((i * 0.618033988749895) % 1.0, 0.85, 0.95 if i % 2 == 0 else 0.65) for i in range(k)]
     return (np.asarray(cols) * 255).astype(np.uint8)
-
-
-def _gray(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float32)
-    lo, hi = float(x.min()), float(x.max())
-    x = (x - lo) / (hi - lo + 1e-8)
-    return np.repeat((x * 255).astype(np.uint8)[..., None], 3, axis=-1)
-
-
-def save_png(rgb: np.ndarray, path: Path) -> Path:
-    """Write an RGB uint8 array as PNG atomically (temporary file, then rename)."""
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(rgb).save(tmp, format="PNG")
-    tmp.replace(path)
-    return path
 
 
 class ClusterPanelHandler:
@@ -89,7 +72,7 @@ class ClusterPanelHandler:
         palette = cluster_palette(probs.shape[1])
         rows = []
         for i in range(x.shape[0]):
-            cols = [_gray(x[i, 0].float().cpu().numpy()), palette[clusters[i]], _gray(ent[i]), _gray(edges[i])]
+            cols = [gray_rgb(x[i, 0].float().cpu().numpy()), palette[clusters[i]], gray_rgb(ent[i]), gray_rgb(edges[i])]
             rows.append(np.concatenate([np.pad(c, ((2, 2), (2, 2), (0, 0))) for c in cols], axis=1))
         return np.concatenate(rows, axis=0), {k: float(v) for k, v in usage.items()}
 

@@ -1,0 +1,34 @@
+"""Small PNG helpers shared by the bundles' figure handlers (cluster panels, prediction panels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def gray_rgb(x: np.ndarray) -> np.ndarray:
+    """A 2D array min-max scaled to an RGB uint8 grey image [H, W, 3]."""
+    x = x.astype(np.float32)
+    lo, hi = float(x.min()), float(x.max())
+    x = (x - lo) / (hi - lo + 1e-8)
+    return np.repeat((x * 255).astype(np.uint8)[..., None], 3, axis=-1)
+
+
+def mask_outline(mask: np.ndarray) -> np.ndarray:
+    """The pixels of a boolean 2D ``mask`` that touch a pixel outside it (4-neighbourhood): its outline."""
+    m = np.pad(mask.astype(bool), 1)
+    inner = m[1:-1, 1:-1] & m[:-2, 1:-1] & m[2:, 1:-1] & m[1:-1, :-2] & m[1:-1, 2:]
+    return mask.astype(bool) & ~inner
+
+
+def save_png(rgb: np.ndarray, path: Path) -> Path:
+    """Write an RGB uint8 array as PNG atomically (temporary file, then rename)."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(rgb).save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
