@@ -78,6 +78,41 @@ def _fake_pretrain(name, code):
     return ex.Run(name, "pretrain", ((sys.executable, "-c", code),), {"variant": name})
 
 
+def test_tagged_overrides_reach_every_command_and_keep_runs_apart(tmp_path):
+    plain = {r.name for r in ex.build_grid("acdc_fast", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                                           methods="Baseline,Contrast (Enc) + Ours (Dec)")}
+    grid = ex.build_grid("acdc_fast", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                         methods="Baseline,Contrast (Enc) + Ours (Dec)", tag="adam",
+                         overrides={"optimizer#_target_": "torch.optim.Adam", "epochs": 50})
+    names = {r.name for r in grid}
+    assert "pre_full" in names and "ft_random_lv_n1_s0_lr1e-4_adam" in names  # the pre-training is shared
+    assert not (names - {"pre_full"}) & plain
+    for r in grid:
+        if r.kind == "pretrain":
+            assert "torch.optim.Adam" not in r.commands[0]
+            continue
+        assert r.meta["method"].endswith(" [adam]") and r.meta["tag"] == "adam"
+        for cmd in r.commands:
+            i = cmd.index("--optimizer#_target_")
+            assert cmd[i + 1] == "torch.optim.Adam" and cmd[cmd.index("--epochs", i) + 1] == "50"
+    pre = ex.build_grid("acdc_fast", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                        methods="Contrast (Enc) + Ours (Dec)", tag="adam",
+                        pretrain_overrides={"optimizer#_target_": "torch.optim.Adam"})
+    assert {r.name for r in pre} == {"pre_full_adam", "ft_pre_full_adam_lv_n1_s0_lr1e-4_adam"}
+    assert pre[1].depends == ("pre_full_adam",)
+    with pytest.raises(ex.ExperimentError, match="--tag"):
+        ex.build_grid("acdc_fast", "D", tmp_path, overrides={"epochs": 1})
+    with pytest.raises(ex.ExperimentError, match="dict of bundle overrides"):
+        ex.build_grid("acdc_fast", "D", tmp_path, tag="x", overrides="epochs=1")
+    with pytest.raises(ex.ExperimentError, match="tag must be"):
+        ex.build_grid("acdc_fast", "D", tmp_path, tag="a b", overrides={"epochs": 1})
+    # the report keeps tagged rows apart and still compares them with the paper
+    rows = [_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.5), _row("Baseline [adam]", "lv", 1, 0, 1e-4, 0.5, 0.7)]
+    methods, columns, cells = rr.table(rows)
+    assert methods == ["Baseline", "Baseline [adam]"]
+    assert "| Baseline [adam] | +2.9 |" in rr.gap_table(methods, columns, cells)  # 70.00 - 67.13
+
+
 def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp_path):
     ok = _fake_pretrain("pre_ok", f"open({str(tmp_path / 'runs' / 'pre_ok' / 'model.pt')!r}, 'w').write('x')")
     bad = _fake_pretrain("pre_bad", "import sys; sys.exit(3)")

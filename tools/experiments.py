@@ -19,7 +19,8 @@ fine-tune at each LR of ``lrs`` so that the report can give, besides the paper's
 result of each method at its LR chosen on the validation split. ``*_ablation`` are the alpha, lambda_CC and K
 ablations at 1 labelled ACDC scan. ``smoke`` is a seconds-long CPU grid on the demo data (tests).
 The grid of a preset can be narrowed on the command line (``--tasks lv --counts 1 --seeds 0 --lrs 5e-4``,
-``--only 'ft_*'``).
+``--only 'ft_*'``), spread over several GPUs (``--gpus 2``) and run with extra bundle overrides under a tag
+(``--tag adam --overrides '{"optimizer#_target_": "torch.optim.Adam"}'``, see :func:`build_grid`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Protocol:
     lrs: tuple[float, ...] = (2e-5, 1e-4, 5e-4)
     pretrain_overrides: tuple[str, ...] = ()
     finetune_overrides: tuple[str, ...] = ()
+    # appended to run names (a grid run with extra overrides, see ``build_grid``'s ``tag``)
+    name_suffix: str = ""
+    pretrain_suffix: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ def _variant(name: str) -> str:
 def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, extra: dict | None = None,
                  tag: str = "") -> Run:
     """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha)."""
-    name = f"pre_{variant}{tag}"
+    name = f"pre_{variant}{tag}{proto.pretrain_suffix}"
     out = work / "runs" / name
     overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
@@ -128,7 +132,7 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
     best-validation checkpoint on the test scans. ``init`` is the pre-training run it starts from (None: random)."""
     init_name = init.name if init is not None else "random"
     prefix = {"finetune": "ft", "meanteacher": "mt"}[kind]
-    name = f"{prefix}_{init_name}_{task}_n{n}_s{seed}_lr{_fmt_lr(lr)}"
+    name = f"{prefix}_{init_name}_{task}_n{n}_s{seed}_lr{_fmt_lr(lr)}{proto.name_suffix}"
     out = work / "runs" / name
     common = {"dataset_dir": dataset_dir, "output_dir": str(out), "task": task, "labelled_scans": n,
               "split_seed": seed, "seed": seed}
@@ -191,12 +195,38 @@ def _as_tuple(value, cast, names: bool = False) -> tuple | None:
     return tuple(cast(v) for v in value)
 
 
+def _overrides_args(overrides, what: str) -> tuple[str, ...]:
+    """A ``{key: value}`` dict of bundle overrides (or None) as command-line arguments."""
+    if overrides in (None, "", {}):
+        return ()
+    if not isinstance(overrides, dict):
+        raise ExperimentError(f"{what} must be a dict of bundle overrides such as "
+                              f"'{{\"optimizer#_target_\": \"torch.optim.Adam\"}}', got {overrides!r}")
+    return tuple(a for k, v in overrides.items() for a in (f"--{k}", v if isinstance(v, str) else json.dumps(v)))
+
+
 def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=None, seeds=None, lrs=None,
-               methods=None, only: str | None = None) -> list[Run]:
-    """The runs of ``preset`` (see ``PRESETS``), optionally narrowed; pre-training runs first."""
+               methods=None, only: str | None = None, tag: str | None = None, overrides: dict | None = None,
+               pretrain_overrides: dict | None = None) -> list[Run]:
+    """The runs of ``preset`` (see ``PRESETS``), optionally narrowed; pre-training runs first.
+
+    ``overrides`` / ``pretrain_overrides``: extra bundle overrides for every fine-tune and Mean Teacher run / every
+    pre-training (e.g. another optimiser, a longer schedule). They need a ``tag``, which is appended to the names of
+    the runs they change and to the method labels (``Baseline [tag]``), so that they neither collide with nor mix
+    into the preset's own runs; a tagged grid reuses the untagged pre-trainings unless ``pretrain_overrides``."""
     if preset not in PRESETS:
         raise ExperimentError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     proto, rows, p_tasks, p_counts, p_seeds, ablation = PRESETS[preset]
+    seg_extra, pre_extra = _overrides_args(overrides, "overrides"), _overrides_args(pretrain_overrides, "pretrain_overrides")
+    if (seg_extra or pre_extra) and not tag:
+        raise ExperimentError("overrides / pretrain_overrides change the protocol: give them a --tag (a short name "
+                              "such as adam) that keeps their runs apart from the preset's")
+    if tag is not None and (not str(tag) or not all(c.isalnum() or c in "-." for c in str(tag))):
+        raise ExperimentError(f"tag must be letters, digits, '-' or '.', got {tag!r}")
+    if tag:
+        proto = replace(proto, finetune_overrides=proto.finetune_overrides + seg_extra,
+                        pretrain_overrides=proto.pretrain_overrides + pre_extra, name_suffix=f"_{tag}",
+                        pretrain_suffix=f"_{tag}" if pre_extra else "")
     tasks = _as_tuple(tasks, str) or p_tasks
     counts = _as_tuple(counts, int) or p_counts
     seeds = _as_tuple(seeds, int) or p_seeds
@@ -210,12 +240,12 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     pre: dict[str, Run] = {}
     runs: list[Run] = []
 
-    def init_run(variant, extra=None, tag=""):
+    def init_run(variant, extra=None, ablation_tag=""):
         if variant is None:
             return None
-        key = f"{variant}{tag}"
+        key = f"{variant}{ablation_tag}"
         if key not in pre:
-            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, tag)
+            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag)
         return pre[key]
 
     for method in rows:
@@ -225,7 +255,8 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
             for n in counts:
                 for seed in seeds:
                     for lr in lrs:
-                        runs.append(segmentation_run(kind, method, init, task, n, seed, lr, dataset_dir, work, proto))
+                        runs.append(segmentation_run(kind, f"{method} [{tag}]" if tag else method, init, task, n,
+                                                     seed, lr, dataset_dir, work, proto, {"tag": tag} if tag else None))
     if ablation:
         for key, values in ABLATIONS.items():
             for value in values:
@@ -234,9 +265,10 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                     for n in counts:
                         for seed in seeds:
                             for lr in lrs:
-                                runs.append(segmentation_run("finetune", "Contrast (Enc) + Ours (Dec)", init, task, n,
-                                                             seed, lr, dataset_dir, work, proto,
-                                                             {"ablation": key, "ablation_value": value}))
+                                label = "Contrast (Enc) + Ours (Dec)" + (f" [{tag}]" if tag else "")
+                                runs.append(segmentation_run("finetune", label, init, task, n, seed, lr, dataset_dir,
+                                                             work, proto, {"ablation": key, "ablation_value": value,
+                                                                            **({"tag": tag} if tag else {})}))
     grid = list(pre.values()) + runs
     if only:
         pats = _as_tuple(only, str)

@@ -164,7 +164,8 @@ def gap_table(methods, columns, cells) -> str:
     for m in methods:
         row = [m]
         for c in columns:
-            p, cell = PAPER_TABLE1.get(m, {}).get(c[0], {}).get(c[1]), cells.get((m, *c))
+            paper_row = PAPER_TABLE1.get(m.split(" [")[0], {})  # "Baseline [adam]": a tagged grid of the same row
+            p, cell = paper_row.get(c[0], {}).get(c[1]), cells.get((m, *c))
             row.append("–" if p is None or cell is None else f"{cell[0] - p:+.1f}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
