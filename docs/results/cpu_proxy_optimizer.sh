@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU proxy of the fast protocol's fine-tuning (2 cores, ~3 min a run): 10 shared ACDC patients, LV, 1 labelled scan,
 # tiny U-Net (8-128), 128-pixel crops, 8 x 100 iterations; RAdam vs Adam. Data: python -m data_prep acdc ../shared/data/acdc/training /tmp/acdc10
+cd "$(dirname "$0")/../.."  # the repository root
 one() { n=$1; shift
   python -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json --dataset_dir /tmp/acdc10 --task lv --labelled_scans 1 --features "[8,16,32,64,128,8]" --crop_size 128 --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --output_dir /tmp/cpu_ft/$n --progress_bar false --log_every 100 "$@" > /tmp/cpu_ft/$n.log 2>&1
   python -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" --dataset_dir /tmp/acdc10 --task lv --labelled_scans 1 --features "[8,16,32,64,128,8]" --output_dir /tmp/cpu_ft/$n >> /tmp/cpu_ft/$n.log 2>&1
