@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # CPU proxy of the fast protocol's ordering problem (2 cores, ~30 min): does decoder-only MI+CC pre-training
 # (Ours (Dec)) fall below random initialisation with RAdam, and does Adam change that? Tiny U-Net (8-128),
-# 128-pixel crops, pre-training 4 x 100 iterations, fine-tuning LV with 1 labelled scan, 8 x 100 iterations.
+# 128-pixel crops (pre-training: 96, 3 scans x 3 partitions a batch, 3 x 100 iterations), fine-tuning LV with 1 labelled scan, 8 x 100 iterations.
 # Data: python -m data_prep acdc <100 ACDC patients> /tmp/acdc384     Usage: cpu_proxy_ordering.sh [DATA] [WORK]
 cd "$(dirname "$0")/../.."  # the repository root
 D=${1:-/tmp/acdc384}; W=${2:-/tmp/cpu_order}; F='[8,16,32,64,128,8]'; mkdir -p $W
 for v in ours_mi_cc full; do
   python -m monai.bundle run --config_file "['bundles/pretrain_bim/configs/train.json','bundles/pretrain_bim/configs/variants/$v.json']" \
-    --dataset_dir $D --output_dir $W/pre_$v --features "$F" --crop_size 128 --epochs 4 --iters_per_epoch 100 --warmup_epochs 1 \
-    --progress_bar false --log_every 100 --panel_every 400 > $W/pre_$v.log 2>&1 || { echo "pre_$v failed"; tail -5 $W/pre_$v.log; }
+    --dataset_dir $D --output_dir $W/pre_$v --features "$F" --crop_size 96 --scans_per_batch 3 --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 \
+    --progress_bar false --log_every 20 --panel_every 300 > $W/pre_$v.log 2>&1 || { echo "pre_$v failed"; tail -5 $W/pre_$v.log; }
 done
 ft() { local n=$1 init=$2; shift 2
   python -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json --dataset_dir $D --task lv --labelled_scans 1 \
