@@ -99,7 +99,7 @@ def test_tagged_overrides_reach_every_command_and_keep_runs_apart(tmp_path):
                         methods="Contrast (Enc) + Ours (Dec)", tag="adam",
                         pretrain_overrides={"optimizer#_target_": "torch.optim.Adam"})
     assert {r.name for r in pre} == {"pre_full_adam", "ft_pre_full_adam_lv_n1_s0_lr1e-4_adam"}
-    assert pre[1].depends == ("pre_full_adam",)
+    assert pre[1].depends == ("pre_full_adam",) and pre[0].meta["tag"] == "adam"
     with pytest.raises(ex.ExperimentError, match="--tag"):
         ex.build_grid("acdc_fast", "D", tmp_path, overrides={"epochs": 1})
     with pytest.raises(ex.ExperimentError, match="dict of bundle overrides"):

@@ -123,7 +123,10 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
                  "progress_bar": False, **(extra or {})}
     cmd = _cmd([PRETRAIN_TRAIN, _variant(variant)], overrides) + proto.pretrain_overrides
-    return Run(name, "pretrain", (cmd,), {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})})
+    meta = {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})}
+    if proto.pretrain_suffix:
+        meta["tag"] = proto.pretrain_suffix.lstrip("_")
+    return Run(name, "pretrain", (cmd,), meta)
 
 
 def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int, seed: int, lr: float,
@@ -227,6 +230,10 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
         proto = replace(proto, finetune_overrides=proto.finetune_overrides + seg_extra,
                         pretrain_overrides=proto.pretrain_overrides + pre_extra, name_suffix=f"_{tag}",
                         pretrain_suffix=f"_{tag}" if pre_extra else "")
+    tag_meta = {"tag": tag} if tag else {}
+
+    def label(method: str) -> str:  # the report's row: tagged runs get rows of their own
+        return f"{method} [{tag}]" if tag else method
     tasks = _as_tuple(tasks, str) or p_tasks
     counts = _as_tuple(counts, int) or p_counts
     seeds = _as_tuple(seeds, int) or p_seeds
@@ -255,8 +262,8 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
             for n in counts:
                 for seed in seeds:
                     for lr in lrs:
-                        runs.append(segmentation_run(kind, f"{method} [{tag}]" if tag else method, init, task, n,
-                                                     seed, lr, dataset_dir, work, proto, {"tag": tag} if tag else None))
+                        runs.append(segmentation_run(kind, label(method), init, task, n, seed, lr, dataset_dir,
+                                                     work, proto, tag_meta))
     if ablation:
         for key, values in ABLATIONS.items():
             for value in values:
@@ -265,10 +272,9 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                     for n in counts:
                         for seed in seeds:
                             for lr in lrs:
-                                label = "Contrast (Enc) + Ours (Dec)" + (f" [{tag}]" if tag else "")
-                                runs.append(segmentation_run("finetune", label, init, task, n, seed, lr, dataset_dir,
-                                                             work, proto, {"ablation": key, "ablation_value": value,
-                                                                            **({"tag": tag} if tag else {})}))
+                                runs.append(segmentation_run("finetune", label("Contrast (Enc) + Ours (Dec)"), init,
+                                                             task, n, seed, lr, dataset_dir, work, proto,
+                                                             {"ablation": key, "ablation_value": value, **tag_meta}))
     grid = list(pre.values()) + runs
     if only:
         pats = _as_tuple(only, str)
