@@ -94,7 +94,9 @@ def test_tagged_overrides_reach_every_command_and_keep_runs_apart(tmp_path):
         assert r.meta["method"].endswith(" [adam]") and r.meta["tag"] == "adam"
         for cmd in r.commands:
             i = cmd.index("--optimizer#_target_")
-            assert cmd[i + 1] == "torch.optim.Adam" and cmd[cmd.index("--epochs", i) + 1] == "50"
+            # an override of a key the preset sets replaces its value: every key appears once in the command
+            assert cmd[i + 1] == "torch.optim.Adam" and cmd.count("--optimizer#_target_") == 1
+        assert r.commands[0].count("--epochs") == 1 and r.commands[0][r.commands[0].index("--epochs") + 1] == "50"
     pre = ex.build_grid("acdc_fast", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
                         methods="Contrast (Enc) + Ours (Dec)", tag="adam",
                         pretrain_overrides={"optimizer#_target_": "torch.optim.Adam"})
@@ -152,6 +154,15 @@ def test_runs_are_spread_over_gpus_by_load_and_each_sees_only_its_gpu(tmp_path):
     recorded = sorted(json.loads((tmp_path / "runs" / f"pre_{i}" / "run.json").read_text())["cuda_visible_devices"]
                       for i in range(2))
     assert recorded == ["0", "1"]
+
+
+def test_gpu_ids_count_within_the_parents_visible_devices():
+    # a count of 1 under CUDA_VISIBLE_DEVICES=1 must stay on physical GPU 1, not fall back to GPU 0
+    assert [ex.visible_device(g, {"CUDA_VISIBLE_DEVICES": "1"}) for g in ex.parse_gpus(1)] == ["1"]
+    assert [ex.visible_device(g, {"CUDA_VISIBLE_DEVICES": "2,3"}) for g in ex.parse_gpus(2)] == ["2", "3"]
+    assert ex.visible_device("1", {}) == "1" and ex.visible_device("1", {"CUDA_VISIBLE_DEVICES": ""}) == "1"
+    with pytest.raises(ex.ExperimentError, match="CUDA_VISIBLE_DEVICES='1'"):
+        ex.visible_device("1", {"CUDA_VISIBLE_DEVICES": "1"})
 
 
 def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):

@@ -107,6 +107,18 @@ def _cmd(config_files: list[str], overrides: dict) -> tuple[str, ...]:
     return tuple(args)
 
 
+def _merge_args(cmd: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``cmd`` with the ``--key value`` pairs of ``extra`` applied: a key already in ``cmd`` gets the new value in
+    place, a new key is appended -- so a recorded command names every key once."""
+    args = list(cmd)
+    for key, value in zip(extra[::2], extra[1::2]):
+        if key in args:
+            args[args.index(key) + 1] = value
+        else:
+            args += [key, value]
+    return tuple(args)
+
+
 def _variant(name: str) -> str:
     path = f"bundles/pretrain_bim/configs/variants/{name}.json"
     if not (ROOT / path).is_file():
@@ -122,7 +134,7 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
     overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
                  "progress_bar": False, **(extra or {})}
-    cmd = _cmd([PRETRAIN_TRAIN, _variant(variant)], overrides) + proto.pretrain_overrides
+    cmd = _merge_args(_cmd([PRETRAIN_TRAIN, _variant(variant)], overrides), proto.pretrain_overrides)
     meta = {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})}
     if proto.pretrain_suffix:
         meta["tag"] = proto.pretrain_suffix.lstrip("_")
@@ -145,8 +157,8 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
     if kind == "meanteacher":
         train["rampup_epochs"] = proto.rampup_epochs
     train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
-    commands = (_cmd([train_cfg], train) + proto.finetune_overrides,
-                _cmd([train_cfg, eval_cfg], common) + proto.finetune_overrides)
+    commands = (_merge_args(_cmd([train_cfg], train), proto.finetune_overrides),
+                _merge_args(_cmd([train_cfg, eval_cfg], common), proto.finetune_overrides))
     meta = {"method": method, "init": init_name, "task": task, "labelled_scans": n, "seed": seed, "lr": lr,
             "paper_lr": proto.paper_lr, **(extra_meta or {})}
     return Run(name, kind, commands, meta, (init.name,) if init else ())
@@ -385,7 +397,8 @@ RUN_LOAD = {"pretrain": 3, "meanteacher": 2, "finetune": 1}
 
 def parse_gpus(gpus) -> list[str]:
     """``--gpus``: None (every run sees what the environment gives), a count (``2``: GPUs 0 and 1) or a list of
-    device ids (``0,1`` / ``[0, 1]``)."""
+    device ids (``0,1`` / ``[0, 1]``). Ids count within the parent's ``CUDA_VISIBLE_DEVICES`` when that is set
+    (see :func:`visible_device`), so ``CUDA_VISIBLE_DEVICES=1 ... --gpus 1`` runs everything on physical GPU 1."""
     if gpus in (None, "", "None"):
         return []
     if isinstance(gpus, int) and not isinstance(gpus, bool):
@@ -396,6 +409,18 @@ def parse_gpus(gpus) -> list[str]:
     if not ids or len(set(ids)) != len(ids) or not all(i.isdigit() for i in ids):
         raise ExperimentError(f"gpus must be a count or distinct device ids such as 0,1; got {gpus!r}")
     return ids
+
+
+def visible_device(gpu: str, env: dict) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value for the runner's GPU id ``gpu``: the id itself, or, when the parent
+    environment already restricts the devices, the ``gpu``-th entry of that list (as CUDA numbers them)."""
+    parent = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
+    if not parent:
+        return gpu
+    if int(gpu) >= len(parent):
+        raise ExperimentError(f"gpus: id {gpu} is out of range for CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} "
+                              f"({len(parent)} device(s), ids 0..{len(parent) - 1})")
+    return parent[int(gpu)]
 
 
 def pick_gpu(gpus: list[str], running: list[tuple[str, str]]) -> str:
@@ -416,6 +441,8 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
         raise ExperimentError(f"jobs must be >= 1, got {jobs}")
     gpus = parse_gpus(gpus)
     env = dict(os.environ)
+    for g in gpus:  # an id outside the parent's CUDA_VISIBLE_DEVICES fails before anything runs
+        visible_device(g, env)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     placed: dict[str, str] = {}  # run name -> GPU
     done = {r.name for r in grid if (run_dir(work_dir, r) / "result.json").is_file()}
@@ -437,7 +464,7 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
                     run_env = env
                     if gpus:
                         placed[r.name] = pick_gpu(gpus, [(placed[x.name], x.kind) for x in running.values()])
-                        run_env = {**env, "CUDA_VISIBLE_DEVICES": placed[r.name]}
+                        run_env = {**env, "CUDA_VISIBLE_DEVICES": visible_device(placed[r.name], env)}
                     log(f"start {r.name}" + (f" on GPU {placed[r.name]}" if gpus else ""))
                     running[pool.submit(execute, r, work_dir, run_env)] = r
             if not running:
