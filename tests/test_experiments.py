@@ -165,6 +165,23 @@ def test_gpu_ids_count_within_the_parents_visible_devices():
         ex.visible_device("1", {"CUDA_VISIBLE_DEVICES": "1"})
 
 
+def test_a_rerun_after_an_interruption_counts_its_attempts(tmp_path):
+    # first attempt fails (as a run killed by a call's timeout would leave it), the second finishes: the record says
+    # it is attempt 2 and keeps when attempt 1 started, since wall_s then covers attempt 2 only
+    model = tmp_path / "runs" / "pre_x" / "model.pt"
+    code = (f"import pathlib, sys; m = pathlib.Path({str(model)!r}); flag = m.with_name('tried'); "
+            "sys.exit(1) if not flag.exists() and not flag.touch() else m.write_text('w')")
+    run = ex.Run("pre_x", "pretrain", ((sys.executable, "-c", code),), {})
+    with pytest.raises(ex.ExperimentError, match="pre_x failed"):
+        ex.execute(run, tmp_path)
+    first = json.loads((model.parent / "run.json").read_text())
+    assert first["attempt"] == 1 and first["status"] == "failed"
+    result = ex.execute(run, tmp_path)
+    record = json.loads((model.parent / "run.json").read_text())
+    assert result["attempt"] == 2 and record["status"] == "done"
+    assert record["earlier_attempts_started"] == [first["started"]]
+
+
 def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):
     run = ex.Run("ft_x", "finetune", ((sys.executable, "-c", "pass"),), {})
     with pytest.raises(ex.ExperimentError, match="ft_x.*best_metric.json"):

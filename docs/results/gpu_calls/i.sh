@@ -2,6 +2,8 @@
 # Calls I1, I2, ... (fourth session, 2026-11-26): does Adam in place of RAdam restore the paper's ordering of the fast
 # protocol at 1 labelled ACDC scan?  Usage: i.sh SECONDS NAME.  Each call resumes the same work dir (chain the calls on
 # the warm machine). On an H100 host, the first call also times the headline on GPU 0 with a cold compile cache.
+# Note: the `--gpus 1` below means "one GPU" (GPU 0), not "GPU 1", so in call I1 both halves shared GPU 0. Since then
+# the runner counts --gpus within the parent's CUDA_VISIBLE_DEVICES; j.sh sets CUDA_VISIBLE_DEVICES instead.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:-500}; NAME=${2:-i}; START=$(date +%s)
 D=/tmp/w/acdc; W=/tmp/w/acdc_fast_i; mkdir -p /tmp/w
