@@ -172,6 +172,28 @@ def test_augment_is_reproducible_from_the_generator():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_gamma_augmentation_changes_intensities_per_image_but_not_labels():
+    from bim_common.segmentation import SegmentationAugment
+
+    img = torch.rand(4, 1, 48, 48) * 0.8 + 0.1
+    lab = (img > 0.5).to(torch.uint8)
+    kw = dict(crop_size=32, max_rotation_deg=0.0, scale_range=(1.0, 1.0), flip_prob=0.0, brightness=0.0, contrast=0.0)
+    plain_x, plain_y = SegmentationAugment(**kw, generator=torch.Generator().manual_seed(5))(img, lab)
+    x, y = SegmentationAugment(**kw, gamma_range=(0.5, 2.0), generator=torch.Generator().manual_seed(5))(img, lab)
+    assert torch.equal(y, plain_y)  # the geometry draws come first, so gamma leaves the crop and the label alone
+    # each image is plain ** gamma with its own gamma in [0.5, 2]: recover it from one pixel and check every pixel
+    inside = (plain_x > 0.05) & (plain_x < 0.95)
+    gammas = []
+    for i in range(4):
+        p, q = plain_x[i][inside[i]], x[i][inside[i]]
+        g = (q.log() / p.log()).median()
+        assert 0.5 - 1e-4 <= g <= 2.0 + 1e-4 and torch.allclose(q, p ** g, atol=1e-4)
+        gammas.append(float(g))
+    assert max(gammas) - min(gammas) > 0.05  # drawn per image
+    with pytest.raises(ValueError, match="gamma_range"):
+        SegmentationAugment(gamma_range=(2.0, 0.5))
+
+
 # --------------------------------------------------------------------------------------------- slice inference
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from .data import SliceStore, read_items
 from .engine import bf16_autocast
-from .gpu_augment import crop_matrices, random_affine_matrices, random_intensity_jitter, warp
+from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
 from .tasks import SegmentationTask, get_task, labelled_key
 
 logger = logging.getLogger("bim")
@@ -181,7 +181,8 @@ class SegmentationAugment:
     Per image: a random ``crop_size`` x ``crop_size`` window (the image is zero-padded at a random offset when
     smaller), horizontal/vertical flips (``flip_prob`` each), a rotation in ``±max_rotation_deg`` and a zoom in
     ``scale_range`` about the window centre -- composed into one 3x3 matrix and applied with one
-    ``grid_sample`` (image bilinear, label nearest, same matrix) -- then contrast/brightness jitter
+    ``grid_sample`` (image bilinear, label nearest, same matrix) -- then, only with ``gamma_range`` (default
+    off), a gamma correction ``x ** gamma`` with gamma log-uniform in that range, and contrast/brightness jitter
     ``x * (1 + c) + b`` with ``c`` in ±``contrast``, ``b`` in ±``brightness``. Padding is 0 in the image and
     background in the label. Random numbers come from ``generator`` (CPU), so runs are reproducible and resumable.
     """
@@ -195,6 +196,7 @@ class SegmentationAugment:
         brightness: float = 0.1,
         contrast: float = 0.1,
         generator: torch.Generator | None = None,
+        gamma_range: Sequence[float] | None = None,
     ) -> None:
         if int(crop_size) < 16:
             raise ValueError(f"crop_size must be >= 16, got {crop_size}")
@@ -204,7 +206,10 @@ class SegmentationAugment:
             raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
         self.crop_size = int(crop_size)
         self.max_rotation_deg, self.scale_range = float(max_rotation_deg), tuple(float(s) for s in scale_range)
+        if gamma_range is not None and (len(gamma_range) != 2 or not 0 < gamma_range[0] <= gamma_range[1]):
+            raise ValueError(f"gamma_range must be null or (low, high) with 0 < low <= high, got {gamma_range}")
         self.flip_prob, self.brightness, self.contrast = float(flip_prob), float(brightness), float(contrast)
+        self.gamma_range = tuple(float(g) for g in gamma_range) if gamma_range is not None else None
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     def matrices(self, batch: int, in_hw: tuple[int, int]) -> torch.Tensor:
@@ -221,6 +226,8 @@ class SegmentationAugment:
         mats = self.matrices(image.shape[0], tuple(image.shape[-2:]))
         out_hw = (self.crop_size, self.crop_size)
         x = warp(image, mats, out_hw)
+        if self.gamma_range is not None:
+            x = random_gamma(x, self.generator, self.gamma_range)
         if self.brightness or self.contrast:
             x = random_intensity_jitter(x, self.generator, self.brightness, self.contrast)
         if label is None:
