@@ -263,6 +263,8 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
     assert sorted(r["name"] for r in rows) == sorted(r.name for r in grid)
     seg = [r for r in rows if r["kind"] != "pretrain"]
     assert {r["method"] for r in seg} == {"Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"}
+    pre = [r for r in rows if r["kind"] == "pretrain"]  # each pre-training's clusters scored on the labelled val scans
+    assert pre and all(0.0 <= float(r[f"cq_{n}"]) <= 1.0 for r in pre for n in ("RV", "Myo", "LV"))
     for r in seg:
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
         assert "monai.bundle run" in r["command"] and r["commit"]
@@ -277,6 +279,7 @@ def test_smoke_report_writes_tables_and_pngs(smoke_work, tmp_path):
     assert {"README.md", "dice_vs_scans_paper.png", "dice_vs_scans_tuned.png", "cluster_panels.png"} <= names
     md = (tmp_path / "report" / "README.md").read_text()
     assert "| Baseline |" in md and "| MT + Ours | **90.25** |" in md  # ours, then the paper's table
+    assert "## Cluster quality of the pre-trainings" in md and "| pre-training | LV | Myo | RV | NMI |" in md
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -45,6 +45,11 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
     assert w == 4 * (64 + 4) and h % (64 + 4) == 0  # image | clusters | entropy | edges, one row per slice
     assert (out / "checkpoint_final.pt").is_file() and (out / "checkpoint_last.pt").is_file()
     assert "clusters in use" in proc.stdout and "mi:" in proc.stdout and "cc:" in proc.stdout and "con:" in proc.stdout
+    # the clusters scored against the demo set's labelled validation scans (labels never used for training)
+    quality = json.loads((out / "cluster_quality.json").read_text())
+    assert quality["split"] == "validation" and quality["scans"] >= 1 and set(quality["classes"]) == {"RV", "Myo", "LV"}
+    assert all(0 <= v["pooled_dice"] <= 1 and 0 <= v["per_scan_dice"] <= 1 for v in quality["classes"].values())
+    assert "cluster quality on" in proc.stdout + proc.stderr
     assert not list(out.rglob("*.tmp")), "no temporary files are left behind"
 
 

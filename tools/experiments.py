@@ -352,6 +352,12 @@ def result_of(run: Run, out: Path) -> dict:
             raise ExperimentError(f"{out}: the pre-training wrote no model.pt")
         panel = out / "panels" / "clusters_latest.png"  # relative to the work_dir (results.csv's folder)
         res["panel"] = panel.relative_to(out.parents[1]).as_posix() if panel.is_file() else ""
+        quality = out / "cluster_quality.json"  # pretrain_bim's label-based score of the clusters, when labels exist
+        if quality.is_file():
+            q = json.loads(quality.read_text())
+            res["cq_nmi"] = q["nmi"]
+            for name, v in q["classes"].items():
+                res[f"cq_{name}"], res[f"cq_{name}_per_scan"] = v["pooled_dice"], v["per_scan_dice"]
         return res
     summaries = sorted((out / "eval").glob("*_summary.json"))
     best = out / "best_metric.json"

@@ -254,6 +254,32 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
     return out
 
 
+def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
+    """Markdown lines: each pre-training's ``cq_*`` columns (pretrain_bim's ``cluster_quality.json``), i.e. the
+    best single cluster's Dice per structure over all validation scans pooled (per scan in brackets) and NMI."""
+    scored = [r for r in pretrain_rows if r.get("cq_nmi") not in (None, "")]
+    if not scored:
+        return []
+    names = sorted({k[3:] for r in scored for k in r if k.startswith("cq_") and k != "cq_nmi"
+                    and not k.endswith("_per_scan")})
+
+    def cell(r, n):
+        pooled, per_scan = r.get(f"cq_{n}"), r.get(f"cq_{n}_per_scan")
+        if pooled in (None, ""):
+            return "–"
+        return f"{100 * float(pooled):.1f} ({100 * float(per_scan):.1f})"
+
+    md = ["## Cluster quality of the pre-trainings (labels used only to score)", "",
+          "Best single cluster's Dice × 100 per structure, over the validation scans pooled: one cluster must stand "
+          "for the structure in every scan. In brackets, the same with each scan free to pick its own cluster. "
+          "NMI between clusters and labels.", "",
+          "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
+    for r in scored:
+        label = _variant_label(r.get("variant") or r["name"]) + (f" [{r['tag']}]" if r.get("tag") else "")
+        md.append(f"| {label} | " + " | ".join(cell(r, n) for n in names) + f" | {float(r['cq_nmi']):.3f} |")
+    return md + [""]
+
+
 def _variant_label(variant: str) -> str:
     """The Table 1 row of a pre-training variant (experiments.METHODS, the one place that maps them)."""
     from experiments import METHODS
@@ -352,6 +378,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "") -> 
         written.append(panels)
         md += ["## Cluster maps of the pre-training variants (as the paper's Figure 3)", "",
                f"![cluster panels]({panels.name})", ""]
+    md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"])
     readme = out / "README.md"
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")
     with os.fdopen(fd, "w") as f:

@@ -96,7 +96,8 @@ def dice_metric_handler(save_details: bool = True):
     )
 
 
-def _atomic_write_text(text: str, path: Path) -> Path:
+def atomic_write_text(text: str, path: Path) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -149,7 +150,7 @@ class BestMetricSaver:
         atomic_save(state, self.output_dir / self.filename)
         record = {"metric": self.metric_name, "value": value, "epoch": epoch,
                   "checkpoint": (self.output_dir / self.filename).as_posix(), **self.info}
-        _atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / "best_metric.json")
+        atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / "best_metric.json")
 
 
 class ValidateAtEnd:
@@ -214,8 +215,8 @@ class ScanDiceWriter:
             "metric": "3D Dice per scan, background excluded, ignore_empty=False", **self.info,
         }
         if _is_main_process():
-            csv_path = _atomic_write_text(out.getvalue(), self.output_dir / f"{self.prefix}_dice.csv")
-            _atomic_write_text(json.dumps(summary, indent=2) + "\n", self.output_dir / f"{self.prefix}_summary.json")
+            csv_path = atomic_write_text(out.getvalue(), self.output_dir / f"{self.prefix}_dice.csv")
+            atomic_write_text(json.dumps(summary, indent=2) + "\n", self.output_dir / f"{self.prefix}_summary.json")
             logger.info(f"test Dice {summary['mean']:.4f} ± {summary['std']:.4f} over {summary['n']} scans -> {csv_path}")
         return summary
 

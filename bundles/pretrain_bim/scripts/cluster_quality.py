@@ -1,0 +1,145 @@
+"""How well the pre-trained clusters match the anatomy, scored with labels the pre-training never saw.
+
+Pre-training is label-free, but a data set's validation scans usually carry labels. Scoring the cluster maps
+against them tells, without any fine-tuning, whether a variant's clusters *mean the same thing in every scan*
+-- the property that separated the full method from Ours (Dec) in ``docs/results`` (call J's cluster panels).
+
+For each labelled structure c and cluster k, with n_kc the pixels of cluster k inside c:
+
+- **pooled Dice**: ``max_k 2 n_kc / (n_k + n_c)`` over the counts of all scans together, i.e. one cluster
+  must stand for c in every scan;
+- **per-scan Dice**: the same maximum taken in each scan separately, then averaged (each scan may pick its own
+  cluster: an upper bound of the pooled Dice);
+- **consistency** = pooled / per-scan (near 1: the same cluster everywhere; it can exceed 1 a little, as the
+  pooled Dice weighs scans by their size);
+- **NMI** between cluster and label over all pixels: ``I(K; C) / sqrt(H(K) H(C))``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+from ignite.engine import Engine, Events
+
+from bim_common.data import read_items, resolve_dataset_dir, volume_loader
+from bim_common.inference import SliceBatchInferer, atomic_write_text
+
+logger = logging.getLogger("bim")
+
+
+def contingency(clusters: torch.Tensor, labels: torch.Tensor, num_clusters: int, num_classes: int) -> torch.Tensor:
+    """Pixel counts n_kc [K, C] of cluster index ``k`` (``clusters``) and class ``c`` (``labels``), same shape."""
+    if clusters.shape != labels.shape:
+        raise ValueError(f"clusters {tuple(clusters.shape)} and labels {tuple(labels.shape)} must have the same shape")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes - 1}], got [{int(labels.min())}, {int(labels.max())}]")
+    flat = clusters.long().flatten() * num_classes + labels.long().flatten()
+    return torch.bincount(flat, minlength=num_clusters * num_classes).view(num_clusters, num_classes).double()
+
+
+def best_cluster_dice(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each class c of ``counts`` [K, C]: ``max_k 2 n_kc / (n_k + n_c)`` and the maximising cluster k.
+    A class with no pixels gets NaN."""
+    n_k = counts.sum(1, keepdim=True)
+    n_c = counts.sum(0, keepdim=True)
+    dice = 2 * counts / (n_k + n_c).clamp_min(1e-12)
+    best, arg = dice.max(0)
+    best = torch.where(n_c[0] > 0, best, torch.full_like(best, math.nan))
+    return best, arg
+
+
+def normalised_mutual_information(counts: torch.Tensor) -> float:
+    """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant)."""
+    p = counts / counts.sum().clamp_min(1e-12)
+    pk, pc = p.sum(1, keepdim=True), p.sum(0, keepdim=True)
+    nz = p > 0
+    mi = (p[nz] * (p[nz] / (pk @ pc)[nz]).log()).sum()
+    hk = -(pk[pk > 0] * pk[pk > 0].log()).sum()
+    hc = -(pc[pc > 0] * pc[pc > 0].log()).sum()
+    denom = (hk * hc).sqrt()
+    return float(mi / denom) if denom > 0 else 0.0
+
+
+def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, str]) -> dict:
+    """The scores of the module docstring from one [K, C] count matrix per scan; ``class_names`` maps the
+    foreground class indices to be scored to their names (background is not scored)."""
+    if not per_scan_counts:
+        raise ValueError("cluster_quality needs at least one scan")
+    pooled = torch.stack(per_scan_counts).sum(0)
+    pooled_dice, pooled_cluster = best_cluster_dice(pooled)
+    per_scan = torch.stack([best_cluster_dice(c)[0] for c in per_scan_counts])  # [S, C]
+    out = {"scans": len(per_scan_counts), "num_clusters": int(pooled.shape[0]), "nmi": normalised_mutual_information(pooled),
+           "classes": {}}
+    for c, name in sorted(class_names.items()):
+        scan_dice = per_scan[:, c][~per_scan[:, c].isnan()]
+        mean_scan = float(scan_dice.mean()) if scan_dice.numel() else math.nan
+        pooled_c = float(pooled_dice[c])
+        out["classes"][name] = {
+            "pooled_dice": pooled_c,
+            "per_scan_dice": mean_scan,
+            "consistency": pooled_c / mean_scan if mean_scan > 0 else math.nan,
+            "cluster": int(pooled_cluster[c]),
+        }
+    return out
+
+
+class ClusterQualityHandler:
+    """At the end of pre-training (ignite ``COMPLETED``) scores the cluster maps of the model on the labelled
+    ``split`` scans of ``dataset_dir`` (see the module docstring) and writes ``path`` (JSON, atomically); also
+    logs one line. A data set whose ``split`` list is empty or unlabelled (e.g. a folder of unlabelled NIfTI
+    files) is skipped with a log line: the scores need labels, the pre-training does not."""
+
+    def __init__(self, dataset_dir, path: str, split: str = "validation", enabled: bool = True, max_scans: int = 50):
+        self.dataset_dir, self.path, self.split = dataset_dir, Path(path), split
+        self.enabled, self.max_scans = bool(enabled), int(max_scans)
+
+    def attach(self, engine: Engine) -> None:
+        if not self.enabled or (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0):
+            return
+        engine.add_event_handler(Events.COMPLETED, self)
+
+    def _labelled_items(self) -> tuple[list[dict], dict[int, str]]:
+        items = [it for it in read_items(self.dataset_dir, self.split) if "label" in it][: self.max_scans]
+        datalist = json.loads((resolve_dataset_dir(self.dataset_dir) / "datalist.json").read_text())
+        names = {int(k): v for k, v in datalist.get("labels", {}).items() if int(k) > 0}
+        return items, names
+
+    @torch.no_grad()
+    def score(self, model) -> dict | None:
+        items, names = self._labelled_items()
+        if not items or not names:
+            logger.info(f"cluster quality: no labelled {self.split!r} scans (or no label names): not scored")
+            return None
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
+
+        def cluster_probs(x):
+            return model.cluster_head(model(x)[1])[0]
+
+        counts = []
+        for it in items:
+            d = load(it)
+            image = torch.as_tensor(d["image"], device=device)[None, None]  # [1, 1, H, W, D]
+            probs = infer(image, cluster_probs)
+            counts.append(contingency(probs.argmax(1)[0].cpu(), torch.as_tensor(d["label"]).long(),
+                                      probs.shape[1], max(names) + 1))
+        if was_training:
+            model.train()
+        return {"split": self.split, **cluster_quality(counts, names)}
+
+    def __call__(self, engine: Engine) -> None:
+        model = engine.network.module if hasattr(engine.network, "module") else engine.network
+        result = self.score(getattr(model, "_orig_mod", model))
+        if result is None:
+            return
+        atomic_write_text(json.dumps(result, indent=2), self.path)
+        summary = ", ".join(f"{n} {v['pooled_dice']:.3f} (per scan {v['per_scan_dice']:.3f})"
+                            for n, v in result["classes"].items())
+        logger.info(f"cluster quality on {result['scans']} {self.split} scans: best-cluster Dice {summary}; "
+                    f"NMI {result['nmi']:.3f} -> {self.path}")

@@ -1,0 +1,68 @@
+"""Scoring pre-trained clusters against labels: the pooled best-cluster Dice rewards clusters that mean the same
+structure in every scan, the per-scan Dice does not; NMI is 1 for a relabelling of the labels and 0 for one cluster."""
+
+import importlib.util
+import math
+import sys
+
+import pytest
+import torch
+
+from bundle_helpers import BUNDLES
+
+if str(BUNDLES) not in sys.path:  # bim_common, which the module imports, as the bundles' scripts/__init__ provides it
+    sys.path.insert(0, str(BUNDLES))
+# loaded under its own name: each bundle has its own top-level ``scripts`` package
+_spec = importlib.util.spec_from_file_location("_pretrain_bim_cluster_quality_under_test",
+                                               BUNDLES / "pretrain_bim" / "scripts" / "cluster_quality.py")
+CQ = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(CQ)
+best_cluster_dice, cluster_quality, contingency = CQ.best_cluster_dice, CQ.cluster_quality, CQ.contingency
+normalised_mutual_information = CQ.normalised_mutual_information
+
+NAMES = {1: "RV", 2: "Myo", 3: "LV"}
+
+
+def _scan(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 4, (6, 6, 3), generator=g)
+
+
+def test_a_consistent_relabelling_scores_perfectly():
+    perm = torch.tensor([7, 2, 5, 0])  # class c -> cluster perm[c], the same in every scan
+    counts = [contingency(perm[lab], lab, 8, 4) for lab in (_scan(0), _scan(1))]
+    q = cluster_quality(counts, NAMES)
+    for c, name in NAMES.items():
+        assert q["classes"][name]["pooled_dice"] == pytest.approx(1.0)
+        assert q["classes"][name]["per_scan_dice"] == pytest.approx(1.0)
+        assert q["classes"][name]["cluster"] == int(perm[c])
+    assert q["nmi"] == pytest.approx(1.0) and q["scans"] == 2 and q["num_clusters"] == 8
+
+
+def test_clusters_that_change_meaning_between_scans_lose_only_the_pooled_dice():
+    a, b = _scan(0), _scan(1)
+    counts = [contingency(torch.tensor([0, 1, 2, 3])[a], a, 4, 4), contingency(torch.tensor([0, 3, 1, 2])[b], b, 4, 4)]
+    q = cluster_quality(counts, NAMES)
+    for name in NAMES.values():
+        assert q["classes"][name]["per_scan_dice"] == pytest.approx(1.0)  # each scan alone is perfectly clustered
+        assert q["classes"][name]["pooled_dice"] < 0.8 and q["classes"][name]["consistency"] < 0.8
+
+
+def test_one_cluster_everywhere_carries_no_information():
+    lab = _scan(2)
+    counts = contingency(torch.zeros_like(lab), lab, 5, 4)
+    assert normalised_mutual_information(counts) == 0.0
+    dice, arg = best_cluster_dice(counts)
+    n_c = counts.sum(0)
+    assert torch.allclose(dice, 2 * n_c / (n_c.sum() + n_c)) and torch.all(arg == 0)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="same shape"):
+        contingency(torch.zeros(3), torch.zeros(4, dtype=torch.long), 2, 2)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 1\]"):
+        contingency(torch.zeros(3), torch.tensor([0, 1, 2]), 2, 2)
+    with pytest.raises(ValueError, match="at least one scan"):
+        cluster_quality([], NAMES)
+    lab = torch.tensor([0, 0, 1])  # no pixel of class 2: its Dice is undefined, not 0
+    assert math.isnan(float(best_cluster_dice(contingency(lab, lab, 3, 3))[0][2]))
