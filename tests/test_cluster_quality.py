@@ -66,3 +66,14 @@ def test_bad_inputs_are_named():
         cluster_quality([], NAMES)
     lab = torch.tensor([0, 0, 1])  # no pixel of class 2: its Dice is undefined, not 0
     assert math.isnan(float(best_cluster_dice(contingency(lab, lab, 3, 3))[0][2]))
+
+
+def test_evaluate_names_a_missing_or_wrong_checkpoint(tmp_path):
+    handler = CQ.ClusterQualityHandler(None, str(tmp_path / "q.json"))
+    net = torch.nn.Conv2d(1, 1, 1)
+    with pytest.raises(FileNotFoundError, match="nothing.pt does not exist"):
+        handler.evaluate_checkpoint(net, str(tmp_path / "nothing.pt"))
+    torch.save({"conv_0.conv.weight": torch.zeros(1)}, tmp_path / "model.pt")  # a backbone file, not a checkpoint
+    with pytest.raises(KeyError, match="model.pt has no 'network' entry"):
+        handler.evaluate_checkpoint(net, str(tmp_path / "model.pt"))
+    assert not (tmp_path / "q.json").exists()

@@ -50,6 +50,14 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
     assert quality["split"] == "validation" and quality["scans"] >= 1 and set(quality["classes"]) == {"RV", "Myo", "LV"}
     assert all(0 <= v["pooled_dice"] <= 1 and 0 <= v["per_scan_dice"] <= 1 for v in quality["classes"].values())
     assert "cluster quality on" in proc.stdout + proc.stderr
+    # evaluate.json scores the final checkpoint on the test scans; the validation score above comes out again
+    run_bundle("pretrain_bim", ["train.json", "evaluate.json"], dataset_dir=demo_dataset, output_dir=out,
+               cluster_quality_split="validation")
+    again = json.loads((out / "cluster_quality_validation.json").read_text())
+    for name, v in quality["classes"].items():
+        assert again["classes"][name]["pooled_dice"] == pytest.approx(v["pooled_dice"], abs=1e-6)
+    run_bundle("pretrain_bim", ["train.json", "evaluate.json"], dataset_dir=demo_dataset, output_dir=out)
+    assert json.loads((out / "cluster_quality_test.json").read_text())["split"] == "test"
     assert not list(out.rglob("*.tmp")), "no temporary files are left behind"
 
 

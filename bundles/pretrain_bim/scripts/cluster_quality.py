@@ -135,7 +135,26 @@ class ClusterQualityHandler:
 
     def __call__(self, engine: Engine) -> None:
         model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        result = self.score(getattr(model, "_orig_mod", model))
+        self.write(self.score(getattr(model, "_orig_mod", model)))
+
+    def evaluate_checkpoint(self, network: torch.nn.Module, checkpoint: str) -> dict | None:
+        """``evaluate.json``'s entry point: load the ``network`` entry of a pre-training checkpoint
+        (``checkpoint_final.pt``/``checkpoint_last.pt``, loaded with ``weights_only``) into ``network``, score it
+        and write ``path``."""
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist: pass the checkpoint_final.pt (or "
+                                    f"checkpoint_last.pt) of a pretrain_bim run as --checkpoint")
+        state = torch.load(path, map_location=next(network.parameters()).device, weights_only=True)
+        if "network" not in state:
+            raise KeyError(f"{path} has no 'network' entry (keys {sorted(state)}): expected a pretrain_bim "
+                           f"checkpoint_*.pt, not model.pt (which holds the backbone without the cluster head)")
+        network.load_state_dict(state["network"])
+        result = self.score(network)
+        self.write(result)
+        return result
+
+    def write(self, result: dict | None) -> None:
         if result is None:
             return
         atomic_write_text(json.dumps(result, indent=2), self.path)
