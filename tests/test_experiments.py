@@ -102,6 +102,10 @@ def test_tagged_overrides_reach_every_command_and_keep_runs_apart(tmp_path):
                         pretrain_overrides={"optimizer#_target_": "torch.optim.Adam"})
     assert {r.name for r in pre} == {"pre_full_adam", "ft_pre_full_adam_lv_n1_s0_lr1e-4_adam"}
     assert pre[1].depends == ("pre_full_adam",) and pre[0].meta["tag"] == "adam"
+    assert json.loads(pre[1].meta["pretrain_overrides"]) == {"optimizer#_target_": "torch.optim.Adam"}
+    assert json.loads(grid[-1].meta["overrides"]) == {"optimizer#_target_": "torch.optim.Adam", "epochs": 50}
+    tagged = [dict(r.meta, tag="adam") for r in grid if r.kind != "pretrain"]
+    assert "- `[adam]`: fine-tuning `{\"epochs\": 50, \"optimizer#_target_\": \"torch.optim.Adam\"}`" in rr.tag_lines(tagged)
     with pytest.raises(ex.ExperimentError, match="--tag"):
         ex.build_grid("acdc_fast", "D", tmp_path, overrides={"epochs": 1})
     with pytest.raises(ex.ExperimentError, match="dict of bundle overrides"):

@@ -243,6 +243,9 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                         pretrain_overrides=proto.pretrain_overrides + pre_extra, name_suffix=f"_{tag}",
                         pretrain_suffix=f"_{tag}" if pre_extra else "")
     tag_meta = {"tag": tag} if tag else {}
+    if tag:  # what the tag means travels with each run into the CSV, so the report can say it
+        tag_meta.update({k: json.dumps(v, sort_keys=True) for k, v in
+                         (("overrides", overrides), ("pretrain_overrides", pretrain_overrides)) if v})
 
     def label(method: str) -> str:  # the report's row: tagged runs get rows of their own
         return f"{method} [{tag}]" if tag else method

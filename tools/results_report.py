@@ -254,6 +254,23 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
     return out
 
 
+def tag_lines(seg_rows: list[dict]) -> list[str]:
+    """Markdown lines saying what each tag of tagged rows (``Method [tag]``) changed: the bundle overrides the
+    runner recorded with the runs (``overrides`` / ``pretrain_overrides`` columns)."""
+    tags: dict[str, set] = {}
+    for r in seg_rows:
+        if r.get("tag"):
+            tags.setdefault(r["tag"], set()).add((r.get("overrides") or "", r.get("pretrain_overrides") or ""))
+    if not tags:
+        return []
+    md = ["Tagged rows (`Method [tag]`) ran the preset with these bundle overrides:", ""]
+    for tag, variants in sorted(tags.items()):
+        for ft, pre in sorted(variants):
+            what = "; ".join(x for x in (f"fine-tuning `{ft}`" if ft else "", f"pre-training `{pre}`" if pre else "") if x)
+            md.append(f"- `[{tag}]`: {what or 'overrides not recorded (runs older than this column)'}")
+    return md + [""]
+
+
 def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
     """Markdown lines: each pre-training's ``cq_*`` columns (pretrain_bim's ``cluster_quality.json``), i.e. the
     best single cluster's Dice per structure over all validation scans pooled (per scan in brackets) and NMI."""
@@ -340,6 +357,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "") -> 
     md += [f"GPU(s): {', '.join(gpus) or 'unknown'}; commit(s): {', '.join(commits) or 'unknown'}.", ""]
     if note:
         md += [note, ""]
+    md += tag_lines(seg)
     for protocol, heading in (("paper", "Paper protocol: one fine-tuning LR for every method (the preset's `paper_lr`)"),
                               ("tuned", "Each method at its fine-tuning LR chosen on the validation split")):
         chosen = select(seg, protocol)
