@@ -3,7 +3,7 @@
     python tools/benchmark_meanteacher.py [--batch_size 12] [--unlabelled_batch_size 12] [--size 224]
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
-                                          [--compile False] [--joint_student_batch False]
+                                          [--compile False] [--compile_mode None] [--joint_student_batch False]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -11,6 +11,10 @@ in fp32, RAdam step, EMA update of the teacher) on random slices already on the 
 crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
 device, ms/step, student images/s, peak memory. The issue's peer: SSL4MIS Mean Teacher ~400 student images/s on
 an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512) at 224 x 224.
+
+``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
+batch of the paper (finetune_seg's step has the same work). ``--compile True --compile_mode reduce-overhead``
+tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _sync(device: torch.device) -> None:
 def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
-         compile: bool = False, joint_student_batch: bool = False) -> None:
+         compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
@@ -56,7 +60,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
         joint_student_batch=joint_student_batch,
     )
-    student = torch.compile(net) if compile else net
+    student = torch.compile(net, mode=compile_mode) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
     pool_l = torch.rand(64, 1, size, size, generator=g).to(dev)
     labels = torch.randint(0, num_classes, (64, 1, size, size), generator=g).to(torch.uint8).to(dev)
@@ -87,7 +91,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "ms_per_step": round(1000 * seconds, 3),
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
-        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "joint_student_batch": bool(joint_student_batch),
+        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode, "joint_student_batch": bool(joint_student_batch),
         "torch": torch.__version__,
     }
     print(json.dumps(result))
