@@ -7,7 +7,8 @@
 #                work competing for the CPUs while it compiles (J1 projected it at about 555 s with company);
 #   k.sh 580 k2  GPU 0: gamma augmentation (gamma_range [0.5, 2]) for Baseline and the full method, LV/RV/Myo,
 #                1 scan, seeds 0/1/2 (`[gamma]`); GPU 1: Ours (Dec) after a 5,000-iteration pre-training, LV, 1 scan,
-#                seeds 0/1/2 (`[pre5k]`, the preset's fine-tuning);
+#                seeds 0/1/2 (`[pre5k]`, the preset's fine-tuning); GPU 0 also pre-trains Ours (Dec) for 2,000
+#                iterations (no fine-tunes), so that its cluster scores compare with pre5k's and pre_full's;
 #   k.sh 400 k3  the same as k2, if device time remains: the runner resumes what k2 left.
 # Every pre-training also writes cluster_quality.json, which the CSVs carry as cq_* columns.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
@@ -36,6 +37,7 @@ grid() {  # grid GPU WORK_DIR [runner args...]: one runner on one physical GPU u
     --work_dir $work --lrs 1e-4 --counts 1 "$@" >> $work.out 2>&1; echo "grid rc $? (GPU $gpu, $work)"; }
 grid 0 /tmp/w/acdc_gamma --jobs 19 --seeds 0,1,2 --methods "Baseline,Contrast (Enc) + Ours (Dec)" \
   --tag gamma --overrides '{"gamma_range": [0.5, 2.0]}' &
+grid 0 /tmp/w/acdc_gamma --jobs 1 --methods "Ours (Dec) MI+CC" --only '["pre_ours_mi_cc"]' &  # cq_* at 2,000 it.
 grid 1 /tmp/w/acdc_pre5k --jobs 4 --tasks lv --seeds 0,1,2 --methods "Ours (Dec) MI+CC" \
   --tag pre5k --pretrain_overrides '{"epochs": 25, "warmup_epochs": 5}'
 wait
