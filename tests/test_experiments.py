@@ -136,6 +136,42 @@ def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp
     assert counts["skipped_existing"] == 1 and counts["failed"] == 1
 
 
+def test_a_terminated_runner_stops_its_bundle_processes_and_records_the_run_as_failed(tmp_path):
+    # `timeout` sends SIGTERM to the runner: its bundle processes must stop with it (an orphan would keep
+    # training and race the next attempt, which resumes in the same folder)
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "grid.py"
+    child_code = f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tools')!r})\n"
+        "import experiments as ex\n"
+        f"code = {child_code!r}\n"
+        "run = ex.Run('pre_sleepy', 'pretrain', ((sys.executable, '-c', code), (sys.executable, '-c', 'pass')), {})\n"
+        f"ex.run_grid([run], {str(tmp_path)!r}, jobs=1, log=print)\n")
+    runner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read() if runner.poll() else ""
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM, out
+    assert "stopping 1 running run(s)" in out
+    with pytest.raises(ProcessLookupError):  # the child is gone (reaped by the runner), not orphaned
+        os.kill(child, 0)
+    record = json.loads((tmp_path / "runs" / "pre_sleepy" / "run.json").read_text())
+    assert record["status"] == "failed" and record["returncode"] == -signal.SIGTERM
+    log_lines = (tmp_path / "runs" / "pre_sleepy" / "log.txt").read_text().splitlines()
+    assert sum(line.startswith("+ ") for line in log_lines) == 1  # the run's second command never started
+
+
 def test_runs_are_spread_over_gpus_by_load_and_each_sees_only_its_gpu(tmp_path):
     # pre-trainings weigh 3, fine-tunes 1: with 2 GPUs the two pre-trainings go to different GPUs, and the
     # fine-tunes started next to them fill the GPU with the lighter load first

@@ -30,7 +30,9 @@ import fnmatch
 import json
 import os
 import shlex
+import signal
 import subprocess
+import threading
 import sys
 import tempfile
 import time
@@ -372,6 +374,41 @@ def result_of(run: Run, out: Path) -> dict:
     return res
 
 
+_CHILDREN: set[subprocess.Popen] = set()  # the bundle processes running now (stopped with the runner)
+_CHILDREN_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by stop_children: no bundle command starts any more
+
+
+def _run_child(cmd, log, env) -> int:
+    """Run one bundle command to its end and return its exit code; :func:`stop_children` can stop it."""
+    with _CHILDREN_LOCK:
+        if _STOPPING.is_set():
+            return -signal.SIGTERM
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _CHILDREN.add(proc)
+    try:
+        return proc.wait()
+    finally:
+        with _CHILDREN_LOCK:
+            _CHILDREN.discard(proc)
+
+
+def stop_children(grace_s: float = 20.0) -> None:
+    """SIGTERM every running bundle process, then SIGKILL those still alive after ``grace_s`` seconds. A stopped
+    run is recorded as failed; its next attempt resumes from its last checkpoint."""
+    with _CHILDREN_LOCK:
+        _STOPPING.set()
+        procs = list(_CHILDREN)
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     """Run the commands of ``run`` (logging to ``log.txt``), then write ``run.json`` and ``result.json``."""
     out = run_dir(work_dir, run)
@@ -390,7 +427,7 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
         for cmd in run.commands:
             log.write(f"+ {shlex.join(cmd)}\n")
             log.flush()
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+            rc = _run_child(cmd, log, env)
             if rc != 0:
                 record.update(status="failed", returncode=rc, wall_s=round(time.perf_counter() - start, 1))
                 atomic_write_json(record, out / "run.json")
@@ -464,39 +501,53 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     failed: set[str] = set()
     running: dict[Future, Run] = {}
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        while pending or running:
-            for r in list(pending):
-                if any(d in failed for d in r.depends):
-                    pending.remove(r)
-                    failed.add(r.name)
-                    counts["skipped_dependency"] += 1
-                    log(f"skip {r.name}: its pre-training failed")
-                elif len(running) < jobs and all(d in done for d in r.depends):
-                    pending.remove(r)
-                    run_env = env
-                    if gpus:
-                        placed[r.name] = pick_gpu(gpus, [(placed[x.name], x.kind) for x in running.values()])
-                        run_env = {**env, "CUDA_VISIBLE_DEVICES": visible_device(placed[r.name], env)}
-                    log(f"start {r.name}" + (f" on GPU {placed[r.name]}" if gpus else ""))
-                    running[pool.submit(execute, r, work_dir, run_env)] = r
-            if not running:
-                if pending:
-                    raise ExperimentError(f"runs wait on pre-trainings outside the grid: {[r.name for r in pending]}")
-                break
-            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for fut in finished:
-                r = running.pop(fut)
-                try:
-                    res = fut.result()
-                    done.add(r.name)
-                    counts["done"] += 1
-                    dice = f", test Dice {res['test_dice']:.4f}" if "test_dice" in res else ""
-                    log(f"done {r.name} in {res['wall_s']:.0f} s{dice} [{time.perf_counter() - t0:.0f} s]")
-                except ExperimentError as e:
-                    failed.add(r.name)
-                    counts["failed"] += 1
-                    log(f"FAILED {e}")
+    _STOPPING.clear()
+
+    def on_sigterm(signum, frame):  # `timeout` or `kill` stops the runner: stop its bundles too, never orphan them
+        log(f"signal {signum}: stopping {len(running)} running run(s)")
+        stop_children()
+        raise SystemExit(128 + signum)
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            while pending or running:
+                for r in list(pending):
+                    if any(d in failed for d in r.depends):
+                        pending.remove(r)
+                        failed.add(r.name)
+                        counts["skipped_dependency"] += 1
+                        log(f"skip {r.name}: its pre-training failed")
+                    elif len(running) < jobs and all(d in done for d in r.depends):
+                        pending.remove(r)
+                        run_env = env
+                        if gpus:
+                            placed[r.name] = pick_gpu(gpus, [(placed[x.name], x.kind) for x in running.values()])
+                            run_env = {**env, "CUDA_VISIBLE_DEVICES": visible_device(placed[r.name], env)}
+                        log(f"start {r.name}" + (f" on GPU {placed[r.name]}" if gpus else ""))
+                        running[pool.submit(execute, r, work_dir, run_env)] = r
+                if not running:
+                    if pending:
+                        outside = [r.name for r in pending]
+                        raise ExperimentError(f"runs wait on pre-trainings outside the grid: {outside}")
+                    break
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    r = running.pop(fut)
+                    try:
+                        res = fut.result()
+                        done.add(r.name)
+                        counts["done"] += 1
+                        dice = f", test Dice {res['test_dice']:.4f}" if "test_dice" in res else ""
+                        log(f"done {r.name} in {res['wall_s']:.0f} s{dice} [{time.perf_counter() - t0:.0f} s]")
+                    except ExperimentError as e:
+                        failed.add(r.name)
+                        counts["failed"] += 1
+                        log(f"FAILED {e}")
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous_handler)
     counts["wall_s"] = round(time.perf_counter() - t0, 1)
     return counts
 
