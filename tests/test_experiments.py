@@ -161,9 +161,10 @@ def test_a_terminated_runner_stops_its_bundle_processes_and_records_the_run_as_f
         time.sleep(0.1)
     child = int(pid_file.read_text())
     runner.send_signal(signal.SIGTERM)
+    runner.send_signal(signal.SIGTERM)  # as GNU timeout does (the runner, then its process group): handled once
     out, _ = runner.communicate(timeout=60)
     assert runner.returncode == 128 + signal.SIGTERM, out
-    assert "stopping 1 running run(s)" in out
+    assert out.count("stopping 1 running run(s)") == 1, out
     with pytest.raises(ProcessLookupError):  # the child is gone (reaped by the runner), not orphaned
         os.kill(child, 0)
     record = json.loads((tmp_path / "runs" / "pre_sleepy" / "run.json").read_text())
@@ -235,6 +236,17 @@ def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):
 def _row(method, task, n, seed, lr, val, test, paper_lr=1e-4, **kw):
     return {"name": f"{method}-{task}-{n}-{seed}-{lr}", "kind": "finetune", "method": method, "task": task,
             "labelled_scans": n, "seed": seed, "lr": lr, "paper_lr": paper_lr, "val_dice": val, "test_dice": test, **kw}
+
+
+def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_before_per_scan():
+    pre = {"kind": "pretrain", "cq_LV": 0.751, "cq_LV_per_scan": 0.701, "cq_nmi": 0.186}
+    rows = [dict(pre, name="pre_full", variant="full"), dict(pre, name="pre_full_pre10k", variant="full", tag="pre10k"),
+            {"kind": "pretrain", "name": "pre_old", "variant": "full", "cq_nmi": ""}]  # unscored: left out
+    md = rr.cluster_quality_table(rows)
+    lines = [line for line in md if line.startswith("| Contrast")]
+    assert lines == ["| Contrast (Enc) + Ours (Dec) (full) | 75.1 (70.1) | 0.186 |",
+                     "| Contrast (Enc) + Ours (Dec) (full) [pre10k] | 75.1 (70.1) | 0.186 |"]
+    assert rr.cluster_quality_table([rows[2]]) == []
 
 
 def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_paper_lr():

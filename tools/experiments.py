@@ -504,6 +504,9 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     _STOPPING.clear()
 
     def on_sigterm(signum, frame):  # `timeout` or `kill` stops the runner: stop its bundles too, never orphan them
+        if _STOPPING.is_set():  # GNU timeout signals the runner and then its whole process group: act once
+            return
+        _STOPPING.set()
         log(f"signal {signum}: stopping {len(running)} running run(s)")
         stop_children()
         raise SystemExit(128 + signum)

@@ -240,7 +240,7 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         img = np.asarray(Image.open(r["panel"]).convert("RGB"))
         rows_in_panel = _panel_rows(img)
         # the first max_rows slices, columns image | cluster map
-        panels.append((_variant_label(r.get("variant", r["name"])), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
+        panels.append((_pretrain_label(r), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
                                                         : img.shape[1] // 2]))
     if not panels:
         return None
@@ -271,6 +271,12 @@ def tag_lines(seg_rows: list[dict]) -> list[str]:
     return md + [""]
 
 
+def _pretrain_label(r: dict, sep: str = "\n") -> str:
+    """A pre-training's name in figures (``sep`` a newline) and tables (a space): its variant, with its tag when it
+    has one (``[pre10k]``)."""
+    return _variant_label(r.get("variant") or r["name"], sep) + (f" [{r['tag']}]" if r.get("tag") else "")
+
+
 def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
     """Markdown lines: each pre-training's ``cq_*`` columns (pretrain_bim's ``cluster_quality.json``), i.e. the
     best single cluster's Dice per structure over all validation scans pooled (per scan in brackets) and NMI."""
@@ -292,17 +298,17 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
           "NMI between clusters and labels.", "",
           "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
     for r in scored:
-        label = _variant_label(r.get("variant") or r["name"]) + (f" [{r['tag']}]" if r.get("tag") else "")
-        md.append(f"| {label} | " + " | ".join(cell(r, n) for n in names) + f" | {float(r['cq_nmi']):.3f} |")
+        md.append(f"| {_pretrain_label(r, ' ')} | " + " | ".join(cell(r, n) for n in names) + f" | {float(r['cq_nmi']):.3f} |")
     return md + [""]
 
 
-def _variant_label(variant: str) -> str:
-    """The Table 1 row of a pre-training variant (experiments.METHODS, the one place that maps them)."""
+def _variant_label(variant: str, sep: str = "\n") -> str:
+    """The Table 1 row of a pre-training variant (experiments.METHODS, the one place that maps them), then the
+    variant's name in brackets after ``sep``."""
     from experiments import METHODS
 
     labels = [m for m, (v, kind) in METHODS.items() if v == variant and kind == "finetune"]
-    return f"{labels[0]}\n({variant})" if labels else variant
+    return f"{labels[0]}{sep}({variant})" if labels else variant
 
 
 def _panel_rows(img) -> int:
