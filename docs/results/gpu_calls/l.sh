@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Calls L1-L3 (fifth session, nvidia-h100-x2 lease): usage l.sh SECONDS NAME; chain each call on the warm machine.
-#   l.sh 590 l1  does the paper's pre-training length (50 x 200 = 10,000 iterations, 10 warm-up epochs) put
+#   l.sh 585 l1  does the paper's pre-training length (50 x 200 = 10,000 iterations, 10 warm-up epochs) put
 #                Ours (Dec) MI+CC above the baseline?  `[pre10k]`: pre-train Ours (Dec) and the full method at that
 #                length (one per GPU), then fine-tune LV, 1 scan, seeds 0/1 at the paper's fine-tuning length
 #                (10,000 iterations, LR 1e-4), i.e. exactly call J's `[long]` fine-tunes, whose baseline is the
 #                reference (26.8 / 52.9). The runner resumes a pre-training from its last checkpoint (every 500 it.).
-#   l.sh 330 l2  the same grid resumed; GPU 1 also pre-trains Ours (Dec) and the full method at the fast preset's
+#   l.sh 465 l2  the same grid resumed (then l.sh 115 l2b, which timed out); GPU 1 also pre-trains Ours (Dec) and the full method at the fast preset's
 #                2,000 iterations, so that their cluster scores (cq_*) compare with [pre10k]'s.
-#   l.sh 580 l3  the ACDC headline (seed 1) alone on the host: GPU 0 only, CPUs 0-15 only (as on a one-GPU
+#   L2c, L3      ran as one-liners on the warm machine (recorded at the end of this file, not as modes):
+#                L2c the [pre10k] runner alone (timeout 100); L3 the [pre10k] runner over LV/RV/Myo x seeds 0-2
+#                next to the baseline at `[long]` over the same cells (timeout 405): 12 runs at once, none finished.
+#   l.sh 580 headline  (prepared, not run) the ACDC headline (seed 1) alone on the host: GPU 0 only, CPUs 0-15 only (as on a one-GPU
 #                nvidia-h100-x1 machine), its own empty TorchInductor cache.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:-580}; NAME=${2:-l}; START=$(date +%s)
@@ -15,8 +18,8 @@ D=/tmp/w/acdc; mkdir -p /tmp/w
 left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
-if [ "$NAME" = l3 ]; then
-  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/w/inductor_headline timeout $(( $(left) - 8 )) \
+if [ "$NAME" = headline ]; then
+  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/w/inductor_headline timeout $(( $(left) - 25 )) \
     taskset -c 0-15 python tools/experiments.py run acdc_fast --dataset_dir $D --work_dir /tmp/w/headline_l3 --jobs 10 \
     --seeds 1 --lrs 1e-4 --methods "Baseline,Contrast (Enc) + Ours (Dec)" > /tmp/w/headline_l3.out 2>&1
   echo "headline rc $?"; grep -E "runs,|wall_s|FAILED" /tmp/w/headline_l3.out
@@ -44,3 +47,10 @@ tar czf $OUT/$NAME.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclud
   $(cd /tmp/w && ls -d acdc_pre10k acdc_pre10k.out acdc_cq2k acdc_cq2k.out 2>/dev/null)
 tar czf $OUT/${NAME}_png.tgz -C /tmp/w $(cd /tmp/w && ls acdc_*/runs/ft_*/eval/*_predictions.png acdc_*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 exit 0
+
+# L2c, as run:  timeout 100 python tools/experiments.py run acdc_fast --dataset_dir /tmp/w/acdc --work_dir $W --gpus 0,1
+#   --jobs 6 --tasks lv --counts 1 --seeds 0,1 --lrs 1e-4 --methods "Ours (Dec) MI+CC,Contrast (Enc) + Ours (Dec)"
+#   --tag pre10k --overrides "$LONG" --pretrain_overrides "$PRE10K"
+# L3, as run:  the same with --jobs 8 --tasks lv,rv,myo --seeds 0,1,2 and timeout 405, next to
+#   timeout 405 python tools/experiments.py run acdc_fast --dataset_dir /tmp/w/acdc --work_dir /tmp/w/acdc_long
+#   --gpus 0,1 --jobs 4 --tasks lv,rv,myo --counts 1 --seeds 0,1,2 --lrs 1e-4 --methods Baseline --tag long --overrides "$LONG"
