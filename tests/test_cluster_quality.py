@@ -18,7 +18,7 @@ _spec = importlib.util.spec_from_file_location("_pretrain_bim_cluster_quality_un
 CQ = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(CQ)
 best_cluster_dice, cluster_quality, contingency = CQ.best_cluster_dice, CQ.cluster_quality, CQ.contingency
-normalised_mutual_information = CQ.normalised_mutual_information
+normalised_mutual_information, many_to_one_dice = CQ.normalised_mutual_information, CQ.many_to_one_dice
 
 NAMES = {1: "RV", 2: "Myo", 3: "LV"}
 
@@ -36,6 +36,8 @@ def test_a_consistent_relabelling_scores_perfectly():
         assert q["classes"][name]["pooled_dice"] == pytest.approx(1.0)
         assert q["classes"][name]["per_scan_dice"] == pytest.approx(1.0)
         assert q["classes"][name]["cluster"] == int(perm[c])
+        assert q["classes"][name]["precision"] == q["classes"][name]["recall"] == pytest.approx(1.0)
+        assert q["classes"][name]["many_to_one_dice"] == pytest.approx(1.0)
     assert q["nmi"] == pytest.approx(1.0) and q["scans"] == 2 and q["num_clusters"] == 8
 
 
@@ -77,3 +79,18 @@ def test_evaluate_names_a_missing_or_wrong_checkpoint(tmp_path):
     with pytest.raises(KeyError, match="model.pt has no 'network' entry"):
         handler.evaluate_checkpoint(net, str(tmp_path / "model.pt"))
     assert not (tmp_path / "q.json").exists()
+
+
+def test_precision_recall_and_many_to_one_tell_a_split_structure_from_a_merged_one():
+    lab = torch.tensor([0] * 6 + [3] * 4 + [1] * 2)  # background 6 pixels, LV 4, RV 2
+    # LV split over clusters 1 and 2 (nothing else in them): best cluster recall 0.5, precision 1, many-to-one 1
+    split = contingency(torch.tensor([0] * 6 + [1, 1, 2, 2] + [3, 3]), lab, 4, 4)
+    q = cluster_quality([split], NAMES)["classes"]["LV"]
+    assert (q["precision"], q["recall"]) == pytest.approx((1.0, 0.5))
+    assert q["pooled_dice"] == pytest.approx(2 * 2 / (2 + 4)) and q["many_to_one_dice"] == pytest.approx(1.0)
+    # LV and RV merged into cluster 1: LV's cluster has precision 4/6, recall 1; RV owns no cluster (Dice 0)
+    merged = contingency(torch.tensor([0] * 6 + [1] * 6), lab, 2, 4)
+    q = cluster_quality([merged], NAMES)["classes"]
+    assert (q["LV"]["precision"], q["LV"]["recall"]) == pytest.approx((4 / 6, 1.0))
+    assert q["LV"]["many_to_one_dice"] == pytest.approx(2 * 4 / (6 + 4)) and q["RV"]["many_to_one_dice"] == 0.0
+    assert math.isnan(float(many_to_one_dice(merged)[2]))  # no Myo pixel: undefined, not 0

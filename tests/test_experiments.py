@@ -247,6 +247,8 @@ def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_bef
     assert lines == ["| Contrast (Enc) + Ours (Dec) (full) | 75.1 (70.1) | 0.186 |",
                      "| Contrast (Enc) + Ours (Dec) (full) [pre10k] | 75.1 (70.1) | 0.186 |"]
     assert rr.cluster_quality_table([rows[2]]) == []
+    with_m2o = dict(rows[0], cq_LV_many_to_one=0.802, cq_LV_precision=0.9, cq_LV_recall=0.6)
+    assert "| Contrast (Enc) + Ours (Dec) (full) | 75.1 (70.1) / 80.2 | 0.186 |" in rr.cluster_quality_table([with_m2o])
 
 
 def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_paper_lr():
@@ -316,7 +318,8 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
     seg = [r for r in rows if r["kind"] != "pretrain"]
     assert {r["method"] for r in seg} == {"Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"}
     pre = [r for r in rows if r["kind"] == "pretrain"]  # each pre-training's clusters scored on the labelled val scans
-    assert pre and all(0.0 <= float(r[f"cq_{n}"]) <= 1.0 for r in pre for n in ("RV", "Myo", "LV"))
+    assert pre and all(0.0 <= float(r[f"cq_{n}{k}"]) <= 1.0 for r in pre for n in ("RV", "Myo", "LV")
+                       for k in ("", "_per_scan", "_many_to_one", "_precision", "_recall"))
     for r in seg:
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
         assert "monai.bundle run" in r["command"] and r["commit"]

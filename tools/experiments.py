@@ -363,6 +363,9 @@ def result_of(run: Run, out: Path) -> dict:
             res["cq_nmi"] = q["nmi"]
             for name, v in q["classes"].items():
                 res[f"cq_{name}"], res[f"cq_{name}_per_scan"] = v["pooled_dice"], v["per_scan_dice"]
+                for key in ("many_to_one_dice", "precision", "recall"):  # absent from pretrain_bim < 0.2.1
+                    if key in v:
+                        res[f"cq_{name}_{key.removesuffix('_dice')}"] = v[key]
         return res
     summaries = sorted((out / "eval").glob("*_summary.json"))
     best = out / "best_metric.json"

@@ -283,19 +283,22 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
     scored = [r for r in pretrain_rows if r.get("cq_nmi") not in (None, "")]
     if not scored:
         return []
+    suffixes = ("_per_scan", "_many_to_one", "_precision", "_recall")
     names = sorted({k[3:] for r in scored for k in r if k.startswith("cq_") and k != "cq_nmi"
-                    and not k.endswith("_per_scan")})
+                    and not k.endswith(suffixes)})
 
     def cell(r, n):
-        pooled, per_scan = r.get(f"cq_{n}"), r.get(f"cq_{n}_per_scan")
+        pooled, per_scan, m2o = r.get(f"cq_{n}"), r.get(f"cq_{n}_per_scan"), r.get(f"cq_{n}_many_to_one")
         if pooled in (None, ""):
             return "–"
-        return f"{100 * float(pooled):.1f} ({100 * float(per_scan):.1f})"
+        return f"{100 * float(pooled):.1f} ({100 * float(per_scan):.1f})" + (
+            f" / {100 * float(m2o):.1f}" if m2o not in (None, "") else "")
 
     md = ["## Cluster quality of the pre-trainings (labels used only to score)", "",
           "Best single cluster's Dice × 100 per structure, over the validation scans pooled: one cluster must stand "
           "for the structure in every scan. In brackets, the same with each scan free to pick its own cluster. "
-          "NMI between clusters and labels.", "",
+          "After the slash (pretrain_bim >= 0.2.1), the many-to-one Dice: each cluster given its majority class, the "
+          "union of a structure's clusters scored. NMI between clusters and labels.", "",
           "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
     for r in scored:
         md.append(f"| {_pretrain_label(r, ' ')} | " + " | ".join(cell(r, n) for n in names) + f" | {float(r['cq_nmi']):.3f} |")

@@ -12,6 +12,11 @@ For each labelled structure c and cluster k, with n_kc the pixels of cluster k i
   cluster: an upper bound of the pooled Dice);
 - **consistency** = pooled / per-scan (near 1: the same cluster everywhere; it can exceed 1 a little, as the
   pooled Dice weighs scans by their size);
+- **precision** ``n_kc / n_k`` and **recall** ``n_kc / n_c`` of the pooled best cluster k: a low precision means
+  that cluster also covers other tissue, a low recall that the structure is split over several clusters;
+- **many-to-one Dice**: each cluster is given the class most of its pooled pixels have, and the union of the
+  clusters given c is scored against c (the usual score of over-clustering, as in IIC): a structure split over
+  several clusters that cover nothing else scores 1 here but less in the best-cluster Dice;
 - **NMI** between cluster and label over all pixels: ``I(K; C) / sqrt(H(K) H(C))``.
 """
 
@@ -52,6 +57,17 @@ def best_cluster_dice(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return best, arg
 
 
+def many_to_one_dice(counts: torch.Tensor) -> torch.Tensor:
+    """Per class c of ``counts`` [K, C]: give each cluster k the class ``argmax_c n_kc`` and score the union U_c of
+    the clusters given c: ``2 sum_{k in U_c} n_kc / (sum_{k in U_c} n_k + n_c)``. A class with no pixels gets NaN."""
+    owner = torch.nn.functional.one_hot(counts.argmax(1), counts.shape[1]).to(counts.dtype)  # [K, C]
+    tp = (owner * counts).sum(0)
+    predicted = (owner * counts.sum(1, keepdim=True)).sum(0)
+    n_c = counts.sum(0)
+    dice = 2 * tp / (predicted + n_c).clamp_min(1e-12)
+    return torch.where(n_c > 0, dice, torch.full_like(dice, math.nan))
+
+
 def normalised_mutual_information(counts: torch.Tensor) -> float:
     """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant)."""
     p = counts / counts.sum().clamp_min(1e-12)
@@ -71,18 +87,23 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
         raise ValueError("cluster_quality needs at least one scan")
     pooled = torch.stack(per_scan_counts).sum(0)
     pooled_dice, pooled_cluster = best_cluster_dice(pooled)
+    pooled_m2o = many_to_one_dice(pooled)
+    n_k, n_c = pooled.sum(1), pooled.sum(0)
     per_scan = torch.stack([best_cluster_dice(c)[0] for c in per_scan_counts])  # [S, C]
     out = {"scans": len(per_scan_counts), "num_clusters": int(pooled.shape[0]), "nmi": normalised_mutual_information(pooled),
            "classes": {}}
     for c, name in sorted(class_names.items()):
         scan_dice = per_scan[:, c][~per_scan[:, c].isnan()]
         mean_scan = float(scan_dice.mean()) if scan_dice.numel() else math.nan
-        pooled_c = float(pooled_dice[c])
+        pooled_c, k = float(pooled_dice[c]), int(pooled_cluster[c])
         out["classes"][name] = {
             "pooled_dice": pooled_c,
             "per_scan_dice": mean_scan,
             "consistency": pooled_c / mean_scan if mean_scan > 0 else math.nan,
-            "cluster": int(pooled_cluster[c]),
+            "cluster": k,
+            "precision": float(pooled[k, c] / n_k[k]) if n_k[k] > 0 else math.nan,
+            "recall": float(pooled[k, c] / n_c[c]) if n_c[c] > 0 else math.nan,
+            "many_to_one_dice": float(pooled_m2o[c]),
         }
     return out
 
@@ -158,7 +179,7 @@ class ClusterQualityHandler:
         if result is None:
             return
         atomic_write_text(json.dumps(result, indent=2), self.path)
-        summary = ", ".join(f"{n} {v['pooled_dice']:.3f} (per scan {v['per_scan_dice']:.3f})"
-                            for n, v in result["classes"].items())
+        summary = ", ".join(f"{n} {v['pooled_dice']:.3f} (per scan {v['per_scan_dice']:.3f}, many-to-one "
+                            f"{v['many_to_one_dice']:.3f})" for n, v in result["classes"].items())
         logger.info(f"cluster quality on {result['scans']} {self.split} scans: best-cluster Dice {summary}; "
                     f"NMI {result['nmi']:.3f} -> {self.path}")
