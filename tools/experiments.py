@@ -32,9 +32,9 @@ import os
 import shlex
 import signal
 import subprocess
-import threading
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace

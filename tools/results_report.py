@@ -240,8 +240,8 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         img = np.asarray(Image.open(r["panel"]).convert("RGB"))
         rows_in_panel = _panel_rows(img)
         # the first max_rows slices, columns image | cluster map
-        panels.append((_pretrain_label(r), img[: img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel,
-                                                        : img.shape[1] // 2]))
+        kept_rows = img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel
+        panels.append((_pretrain_label(r), img[:kept_rows, : img.shape[1] // 2]))
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 4.0), squeeze=False)
