@@ -8,6 +8,9 @@
 #                       seeds 0-2 (LV seeds 0/1 are call J's).
 #   m.sh 600 pre10k     the full method's [pre10k] pre-training (resumed from its last checkpoint when cut), then its
 #                       fine-tunes over the same 7 cells as `long` (LV seeds 0/1 are call L's).
+#   m.sh 575 pre5k cg   the full method pre-trained for 5,000 iterations (25 x 200, warm-up 5: `[pre5k]`), its cluster
+#                       scores, then the fast preset's LV fine-tunes at 1 scan, seeds 0-2.
+#   ONLY='[...]' narrows `long` and `pre10k` to other cells (run names, fnmatch patterns; default: the 7 cells above).
 #   A last argument `cg` adds --compile_mode reduce-overhead (CUDA graphs) to every fine-tune.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:-600}; MODE=${2:?mode}; CG=${3:-}; START=$(date +%s)
@@ -17,7 +20,7 @@ left() { echo $(( T - ($(date +%s) - START) )); }
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
 CGO=""; [ "$CG" = cg ] && CGO=', "compile_mode": "reduce-overhead"'
 LONG="{\"epochs\": 50, \"iters_per_epoch\": 200, \"warmup_epochs\": 10$CGO}"
-NEW='["*_lv_n1_s2_*", "*_rv_n1_*", "*_myo_n1_*", "pre_*"]'
+NEW=${ONLY:-'["*_lv_n1_s2_*", "*_rv_n1_*", "*_myo_n1_*", "pre_*"]'}
 epoch_times() {  # per run: seconds per training epoch (ignite's "Complete. Time taken"), first epoch included
   for r in "$@"; do [ -f $r/log.txt ] && echo "$(basename $r): $(grep -oP 'Trainer - INFO - Epoch\[\d+\] Complete\. Time taken: 00:0\K[0-9:.]+' $r/log.txt | tr '\n' ' ')"; done
 }
@@ -65,6 +68,17 @@ pre10k)
   python tools/experiments.py collect $W > /dev/null 2>&1; epoch_times $W/runs/ft_*
   tar czf $OUT/pre10k.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' acdc_pre10k acdc_pre10k.out
   tar czf $OUT/pre10k_png.tgz -C /tmp/w $(cd /tmp/w && ls acdc_pre10k/runs/ft_*/eval/*_predictions.png acdc_pre10k/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+  ;;
+pre5k)
+  W=/tmp/w/acdc_pre5k; PO=(); [ "$CG" = cg ] && PO=(--overrides '{"compile_mode": "reduce-overhead"}')
+  timeout $(( $(left) - 25 )) python tools/experiments.py run acdc_fast --dataset_dir $D --work_dir $W --jobs 3 \
+    --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --methods "Contrast (Enc) + Ours (Dec)" --tag pre5k "${PO[@]}" \
+    --pretrain_overrides '{"epochs": 25, "warmup_epochs": 5}' >> $W.out 2>&1
+  echo "pre5k rc $?"; grep -hE "runs,|wall_s|^(start|done|FAILED)" $W.out | tail -n 20
+  cat $W/runs/pre_full_pre5k/cluster_quality.json 2>/dev/null | head -c 600; echo
+  python tools/experiments.py collect $W > /dev/null 2>&1
+  tar czf $OUT/pre5k.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' acdc_pre5k acdc_pre5k.out
+  tar czf $OUT/pre5k_png.tgz -C /tmp/w $(cd /tmp/w && ls acdc_pre5k/runs/ft_*/eval/*_predictions.png acdc_pre5k/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
