@@ -80,9 +80,6 @@ class Protocol:
     lrs: tuple[float, ...] = (2e-5, 1e-4, 5e-4)
     pretrain_overrides: tuple[str, ...] = ()
     finetune_overrides: tuple[str, ...] = ()
-    # for finetune_seg runs only (not Mean Teacher): CUDA graphs for the launch-bound batch-5 step, measured in
-    # docs/results (call M0: 26.3 -> 12.3 ms per step alone on an H100, the same losses)
-    finetune_seg_overrides: tuple[str, ...] = ("--compile_mode", "reduce-overhead")
     # appended to run names (a grid run with extra overrides, see ``build_grid``'s ``tag``)
     name_suffix: str = ""
     pretrain_suffix: str = ""
@@ -168,9 +165,8 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
     if kind == "meanteacher":
         train["rampup_epochs"] = proto.rampup_epochs
     train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
-    # a tag's overrides come last, so they win (e.g. --overrides '{"compile_mode": null}')
-    extra = (proto.finetune_seg_overrides if kind == "finetune" else ()) + proto.finetune_overrides
-    commands = (_merge_args(_cmd([train_cfg], train), extra), _merge_args(_cmd([train_cfg, eval_cfg], common), extra))
+    commands = (_merge_args(_cmd([train_cfg], train), proto.finetune_overrides),
+                _merge_args(_cmd([train_cfg, eval_cfg], common), proto.finetune_overrides))
     meta = {"method": method, "init": init_name, "task": task, "labelled_scans": n, "seed": seed, "lr": lr,
             "paper_lr": proto.paper_lr, **(extra_meta or {})}
     return Run(name, kind, commands, meta, (init.name,) if init else ())
@@ -194,8 +190,7 @@ SMOKE = Protocol(pretrain_epochs=1, pretrain_iters=2, pretrain_warmup=0, finetun
                  pretrain_overrides=("--features", "[8,16,32,64,128,8]", "--scans_per_batch", "2",
                                      "--crop_size", "64", "--panel_every", "2", "--save_every", "2"),
                  finetune_overrides=("--features", "[8,16,32,64,128,8]", "--crop_size", "64", "--batch_size", "2",
-                                     "--unlabelled_batch_size", "2", "--save_every", "2"),
-                 finetune_seg_overrides=())
+                                     "--unlabelled_batch_size", "2", "--save_every", "2"))
 
 PRESETS = {
     # name: (protocol, methods, tasks, counts, seeds, ablations)
