@@ -83,3 +83,12 @@ pre5k)
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
 exit 0
+
+# M1 returned nothing: T=595 left the runner 570 s, and with setup and the 20 s of grace the call overran its 600 s.
+#   A 1-second call on the still-warm machine tarred /tmp/w/headline_m.
+# M2, as run (the headline with CUDA graphs, on the same warm machine; setup as above):
+#   TORCHINDUCTOR_CACHE_DIR=/tmp/w/inductor_headline_cg timeout 550 python tools/experiments.py run acdc_fast
+#   --dataset_dir /tmp/w/acdc --work_dir /tmp/w/headline_cg --jobs 10 --seeds 1 --lrs 1e-4
+#   --methods "Baseline,Contrast (Enc) + Ours (Dec)" --tag cg --overrides '{"compile_mode": "reduce-overhead"}'
+#   (finetune_seg >= 0.2.2 runs CUDA graphs by default: the same runs without --tag/--overrides)
+# M3: `m.sh 583 long cg` trained all 7 fine-tunes but its timeout stopped their evaluation; M4 re-ran 5 of them.
