@@ -11,9 +11,13 @@
 #   m.sh 575 pre5k cg   the full method pre-trained for 5,000 iterations (25 x 200, warm-up 5: `[pre5k]`), its cluster
 #                       scores, then the fast preset's LV fine-tunes at 1 scan, seeds 0-2.
 #   ONLY='[...]' narrows `long` and `pre10k` to other cells (run names, fnmatch patterns; default: the 7 cells above).
-#   A last argument `cg` adds --compile_mode reduce-overhead (CUDA graphs) to every fine-tune.
+#   A last argument `cg` adds --compile_mode reduce-overhead (CUDA graphs) to every fine-tune (finetune_seg >= 0.2.2
+#   does so by default).
+#   SECONDS counts from CALL_START when it is set: start the call's command with `CALL_START=$(date +%s) && bash
+#   .device/setup.sh ...` and pass the call's own limit, so that setup time is counted (calls M1 and M3 overran).
+#   Each runner stops at SECONDS - 25 (20 s of grace for its bundles, then collection).
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
-T=${1:-600}; MODE=${2:?mode}; CG=${3:-}; START=$(date +%s)
+T=${1:-600}; MODE=${2:?mode}; CG=${3:-}; START=${CALL_START:-$(date +%s)}
 D=/tmp/w/acdc; mkdir -p /tmp/w
 left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
