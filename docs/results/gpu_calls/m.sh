@@ -13,7 +13,7 @@
 #   ONLY='[...]' narrows `long` and `pre10k` to other cells (run names, fnmatch patterns; default: the 7 cells above).
 #   A last argument `cg` adds --compile_mode reduce-overhead (CUDA graphs) to every fine-tune (finetune_seg >= 0.2.2
 #   does so by default).
-#   SECONDS counts from CALL_START when it is set: start the call's command with `CALL_START=$(date +%s) && bash
+#   SECONDS counts from CALL_START when it is set: start the call's command with `export CALL_START=$(date +%s) && bash
 #   .device/setup.sh ...` and pass the call's own limit, so that setup time is counted (calls M1 and M3 overran).
 #   Each runner stops at SECONDS - 25 (20 s of grace for its bundles, then collection).
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
