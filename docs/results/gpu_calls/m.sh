@@ -10,6 +10,8 @@
 #                       fine-tunes over the same 7 cells as `long` (LV seeds 0/1 are call L's).
 #   m.sh 575 pre5k cg   the full method pre-trained for 5,000 iterations (25 x 200, warm-up 5: `[pre5k]`), its cluster
 #                       scores, then the fast preset's LV fine-tunes at 1 scan, seeds 0-2.
+#   m.sh 590 mt        (prepared, not run) the Mean Teacher step at the bundle's batch (5 + 5) with and without CUDA
+#                       graphs, then MT + Ours at 1 scan (LV/RV/Myo, seeds 0-2) from a fresh fast pre-training.
 #   ONLY='[...]' narrows `long` and `pre10k` to other cells (run names, fnmatch patterns; default: the 7 cells above).
 #   A last argument `cg` adds --compile_mode reduce-overhead (CUDA graphs) to every fine-tune (finetune_seg >= 0.2.2
 #   does so by default).
@@ -83,6 +85,18 @@ pre5k)
   python tools/experiments.py collect $W > /dev/null 2>&1
   tar czf $OUT/pre5k.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' acdc_pre5k acdc_pre5k.out
   tar czf $OUT/pre5k_png.tgz -C /tmp/w $(cd /tmp/w && ls acdc_pre5k/runs/ft_*/eval/*_predictions.png acdc_pre5k/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+  ;;
+mt)
+  for a in "" "--compile_mode reduce-overhead"; do
+    python tools/benchmark_meanteacher.py --batch_size 5 --unlabelled_batch_size 5 --iterations 200 --warmup 20 \
+      --compile True $a 2>&1 | tail -n 1
+  done
+  W=/tmp/w/acdc_mtours
+  timeout $(( $(left) - 25 )) python tools/experiments.py run acdc_fast --dataset_dir $D --work_dir $W --jobs 10 \
+    --tasks lv,rv,myo --counts 1 --seeds 0,1,2 --lrs 1e-4 --methods "MT + Ours" >> $W.out 2>&1
+  echo "mt rc $?"; grep -hE "runs,|wall_s|^(start|done|FAILED)" $W.out | tail -n 20
+  python tools/experiments.py collect $W > /dev/null 2>&1
+  tar czf $OUT/mt.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' acdc_mtours acdc_mtours.out
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
