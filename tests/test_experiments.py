@@ -54,6 +54,12 @@ def test_override_values_reach_the_bundle_as_fire_reads_them(tmp_path):
     for args in (train, evaluate):
         assert (args["--compile_mode"], args["--amp"], args["--gamma_range"]) == ("None", "False", "[0.5, 2.0]")
     assert train["--progress_bar"] == "False"
+    # the command line: Fire hands JSON's bare null / false over as the strings 'null' / 'false'
+    cli = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4, methods=["Baseline"],
+                        tag="eager", overrides={"compile_mode": "null", "amp": "false", "gamma_range": ["true"]})
+    args = dict(zip(cli[0].commands[0][4::2], cli[0].commands[0][5::2]))
+    assert (args["--compile_mode"], args["--amp"], args["--gamma_range"]) == ("None", "False", "[True]")
+    assert json.loads(cli[0].meta["overrides"])["compile_mode"] is None
 
 
 def test_only_keeps_the_pretrainings_the_selected_runs_need(tmp_path):

@@ -218,6 +218,19 @@ def _as_tuple(value, cast, names: bool = False) -> tuple | None:
     return tuple(cast(v) for v in value)
 
 
+_JSON_WORDS = {"null": None, "true": True, "false": False}
+
+
+def _json_literals(value):
+    """``value`` with JSON's bare ``null`` / ``true`` / ``false`` as Python's: Fire parses the command line's
+    ``--overrides '{"compile_mode": null}'`` into ``{"compile_mode": "null"}``."""
+    if isinstance(value, dict):
+        return {k: _json_literals(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_literals(v) for v in value]
+    return _JSON_WORDS.get(value, value) if isinstance(value, str) else value
+
+
 def _overrides_args(overrides, what: str) -> tuple[str, ...]:
     """A ``{key: value}`` dict of bundle overrides (or None) as command-line arguments."""
     if overrides in (None, "", {}):
@@ -240,6 +253,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     if preset not in PRESETS:
         raise ExperimentError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     proto, rows, p_tasks, p_counts, p_seeds, ablation = PRESETS[preset]
+    overrides, pretrain_overrides = _json_literals(overrides), _json_literals(pretrain_overrides)
     seg_extra, pre_extra = _overrides_args(overrides, "overrides"), _overrides_args(pretrain_overrides, "pretrain_overrides")
     if (seg_extra or pre_extra) and not tag:
         raise ExperimentError("overrides / pretrain_overrides change the protocol: give them a --tag (a short name "
