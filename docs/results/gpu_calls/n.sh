@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Calls N (seventh session, one nvidia-h100-x4 lease = 4 GPUs): usage n.sh SECONDS PHASE; chain the phases on the warm
+# machine (each call within 30 s of the last). Start each call with
+#   export CALL_START=$(date +%s) && bash .device/setup.sh > /tmp/setup.log 2>&1 && source .device/env.sh &&
+#   BIM_GIT_COMMIT=<commit> bash docs/results/gpu_calls/n.sh <limit - 12> n1|n2|n3
+# Every run is at the paper's length (10,000 iterations, LR warm-up 10 epochs) and 1e-4 unless named otherwise.
+#   n1  GPU 0: the full method's [pre10k] pre-training (cut near the end; it resumes from its last checkpoint, every
+#       200 iterations). GPUs 1-3, why is our baseline so far below the paper's (LV, 1 scan, seeds 0-2):
+#       Baseline [long] at the LRs 2e-5 (the paper's) and 5e-4; without flips ([longnoflip]); with the pre-training's
+#       stronger augmentation, rotation ±45°, zoom 0.8-1.3, gamma 0.5-2 ([longaug]); and Baseline [long] seeds 2 of RV/Myo.
+#   n2  all 4 GPUs: [pre10k] finishes, then its fine-tunes: 1 scan (LV seed 2, RV/Myo seeds 0-2; LV seeds 0/1 are call
+#       L's) and 2/4 scans seed 0; Baseline [long] 2/4 scans seed 0; whatever n1 left unfinished.
+#   n3  the same runners again (each resumes what is left), then everything is collected.
+# Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
+export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
+T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}
+D=/tmp/w/acdc; W=/tmp/w/n; mkdir -p $W
+left() { echo $(( T - ($(date +%s) - START) )); }
+[ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
+LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
+runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
+  local name=$1 gpus=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run acdc_fast \
+    --dataset_dir $D --work_dir $W/$name "$@" >> $W/$name.out 2>&1 &
+}
+pre10k() {  # the full method at the paper's lengths; same pre-training arguments in every phase
+  runner pre10k "$1" --gpus "$2" --jobs 14 --tasks lv,rv,myo --counts 1,2,4 --seeds 0,1,2 --lrs 1e-4 \
+    --methods "Contrast (Enc) + Ours (Dec)" --tag pre10k --overrides "{$LONG}" \
+    --pretrain_overrides '{"epochs": 50, "warmup_epochs": 10}' --only "$3"
+}
+diagnostics() {  # the baseline variants of n1, on the GPUs given
+  runner base_lr "$1" --gpus "$2" --jobs 6 --tasks lv --counts 1 --seeds 0,1,2 --lrs 2e-5,5e-4 --methods Baseline \
+    --tag long --overrides "{$LONG}"
+  runner base_noflip "$1" --gpus "$2" --jobs 3 --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --methods Baseline \
+    --tag longnoflip --overrides "{$LONG, \"flip_prob\": 0.0}"
+  runner base_aug "$1" --gpus "$2" --jobs 3 --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --methods Baseline \
+    --tag longaug --overrides "{$LONG, \"max_rotation_deg\": 45.0, \"scale_range\": [0.8, 1.3], \"gamma_range\": [0.5, 2.0]}"
+}
+base_long() {  # Baseline [long] at 1e-4, the cells next to the [pre10k] ones
+  runner base_long "$1" --gpus "$2" --jobs 8 --tasks lv,rv,myo --counts 1,2,4 --seeds 0,1,2 --lrs 1e-4 --methods Baseline \
+    --tag long --overrides "{$LONG}" --only "$3"
+}
+PRE_N1='["pre_*"]'
+PRE_ALL='["pre_*", "*_lv_n1_s2_*", "*_rv_n1_*", "*_myo_n1_*", "*_n2_s0_*", "*_n4_s0_*"]'
+BASE_N1='["*_rv_n1_s2_*", "*_myo_n1_s2_*"]'
+BASE_ALL='["*_rv_n1_s2_*", "*_myo_n1_s2_*", "*_n2_s0_*", "*_n4_s0_*"]'
+case $PHASE in
+n1) pre10k 0 1 "$PRE_N1"; diagnostics 1,2,3 3; base_long 1,2,3 3 "$BASE_N1" ;;
+n2|n3) pre10k 0,1,2,3 4 "$PRE_ALL"; base_long 1,2,3 3 "$BASE_ALL"; diagnostics 0,1,2,3 4 ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+wait
+for r in pre10k base_lr base_noflip base_aug base_long; do
+  [ -d $W/$r ] || continue
+  python tools/experiments.py collect $W/$r > /dev/null 2>&1
+  echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
+  grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
+done
+cat $W/pre10k/runs/pre_full_pre10k/cluster_quality.json 2>/dev/null | head -c 600; echo
+grep -h "Epoch\[\|Iteration" $W/pre10k/runs/pre_full_pre10k/log.txt 2>/dev/null | tail -n 2
+tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' n
+[ $PHASE = n1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/*/runs/ft_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
+exit 0
