@@ -46,6 +46,24 @@ def test_grid_commands_carry_the_cell_and_start_from_the_pretraining(tmp_path):
     assert "variants/ours_mi_cc.json" in pre_args[5]
 
 
+def test_acdc_fast_keeps_the_light_augmentation_its_rows_were_measured_with(tmp_path):
+    def args(preset, **kw):
+        run = next(r for r in ex.build_grid(preset, "/d", tmp_path, counts=None, seeds=0, lrs=None, **kw) if r.kind != "pretrain")
+        return dict(zip(run.commands[0][4::2], run.commands[0][5::2]))
+    light = {"--max_rotation_deg": "15.0", "--scale_range": "[0.9, 1.1]", "--gamma_range": "None"}
+    fast = args("acdc_fast", tasks="lv", methods=["Baseline"])
+    assert {k: fast[k] for k in light} == light
+    assert {k: args("acdc_fast", tasks="lv", methods=["Mean Teacher"])[k] for k in light} == light
+    # the paper preset and PROMISE12 take the task's own augmentation (bim_common.tasks)
+    assert not set(light) & set(args("acdc_paper", tasks="lv", methods=["Baseline"]))
+    assert not set(light) & set(args("promise12_fast", methods=["Baseline"]))
+    # a tag's overrides replace the pinned values, each key once
+    aug = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4, methods=["Baseline"],
+                        tag="aug", overrides={"max_rotation_deg": 45.0, "gamma_range": [0.5, 2.0]})[0].commands[0]
+    assert aug.count("--max_rotation_deg") == 1 and aug[aug.index("--max_rotation_deg") + 1] == "45.0"
+    assert aug[aug.index("--gamma_range") + 1] == "[0.5, 2.0]" and aug[aug.index("--scale_range") + 1] == "[0.9, 1.1]"
+
+
 def test_override_values_reach_the_bundle_as_fire_reads_them(tmp_path):
     # Fire reads JSON's false / null back as the strings 'false' / 'null': the runner writes Python literals
     grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4, methods=["Baseline"],
@@ -311,6 +329,48 @@ def test_a_run_in_several_csvs_is_taken_from_the_last_one(tmp_path):
     assert sorted((r["name"], r["test_dice"]) for r in rows) == [("ft_a", 0.30), ("ft_b", 0.20)]
     assert rr.table(rr.select(rows, "paper"))[2][("Baseline", "lv", 1)][:1] == pytest.approx((25.0,))
     assert {r["name"]: r["test_dice"] for r in rr.read_rows([new, old])}["ft_a"] == 0.10
+
+
+def test_a_method_has_the_same_colour_in_every_panel_of_dice_vs_scans():
+    import matplotlib.pyplot as plt
+
+    def row(method, task, seed, dice):
+        return {"kind": "finetune", "method": method, "task": task, "labelled_scans": 1, "seed": seed, "lr": 1e-4,
+                "paper_lr": 1e-4, "val_dice": 0.5, "test_dice": dice}
+    # "A" has no RV result, so RV's panel draws "B" first: its colour must still be B's
+    rows = [row("A", "lv", 0, 0.3), row("B", "lv", 0, 0.6), row("B", "rv", 0, 0.5)]
+    fig = rr.dice_vs_scans_figure(rows, "t")
+    colours = {}
+    for ax in fig.axes:
+        for bars in ax.containers:  # one ErrorbarContainer per method and panel
+            colours.setdefault(bars.get_label(), set()).add(bars.lines[0].get_color())
+    plt.close(fig)
+    assert set(colours) == {"A", "B"} and all(len(c) == 1 for c in colours.values())
+    assert colours["A"] != colours["B"]
+    styles = rr.method_styles([f"m{i}" for i in range(14)])
+    assert len({tuple(v.values()) for v in styles.values()}) == 14  # more methods than colours: still distinct
+
+
+def test_report_of_chosen_methods_keeps_only_their_rows_and_pretrainings(tmp_path):
+    cols = ["name", "kind", "method", "init", "variant", "tag", "task", "labelled_scans", "seed", "lr", "paper_lr",
+            "val_dice", "test_dice", "cq_nmi", "cq_LV", "cq_LV_per_scan"]
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_text(",".join(cols) + "\n"
+                        "pre_full,pretrain,,,full,,,,,,,,,0.1,0.5,0.4\n"
+                        "pre_full_long,pretrain,,,full,long,,,,,,,,0.2,0.7,0.6\n"
+                        "ft_r,finetune,Baseline,random,,,lv,1,0,1e-4,1e-4,0.3,0.25,,,\n"
+                        "ft_rl,finetune,Baseline [long],random,,long,lv,1,0,1e-4,1e-4,0.4,0.33,,,\n"
+                        "ft_f,finetune,Contrast (Enc) + Ours (Dec),pre_full,,,lv,1,0,1e-4,1e-4,0.5,0.45,,,\n"
+                        "ft_fl,finetune,Contrast (Enc) + Ours (Dec) [long],pre_full_long,,long,lv,1,0,1e-4,1e-4,0.6,0.78,,,\n")
+    rr.write_report([csv_path], tmp_path / "out", methods=["Baseline [long]", "Contrast (Enc) + Ours (Dec) [long]"])
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert "| Baseline [long] | 33.00 |" in md and "| Contrast (Enc) + Ours (Dec) [long] | **78.00** |" in md
+    ours = md.split("## The paper's Table 1")[0]
+    assert "| Baseline |" not in ours and "| Contrast (Enc) + Ours (Dec) |" not in ours
+    quality = md.split("## Cluster quality of the pre-trainings")[1]
+    assert "[long]" in quality and "| 0.100 |" not in quality and "| 0.200 |" in quality
+    with pytest.raises(rr.ReportError, match=r"methods \['Basline'\] are in none of"):
+        rr.write_report([csv_path], tmp_path / "out2", methods=["Basline"])
 
 
 # ------------------------------------------------------------------------------- end to end: bundles on demo data

@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 PRETRAIN_EPOCHS="${PRETRAIN_EPOCHS:-10}"; PRETRAIN_ITERS="${PRETRAIN_ITERS:-200}"
 EXTRA="${EXTRA:-}"   # extra overrides for every bundle run (e.g. a small --crop_size for a CPU check)
+# the light labelled augmentation that the docs' numbers were measured with (the bundles' ACDC default before 0.3.0);
+# AUG= (empty) takes the bundles' current default, T's ranges (bundles/bim_common/tasks.py)
+AUG="${AUG---max_rotation_deg 15.0 --scale_range [0.9,1.1] --gamma_range None}"
 FT_EPOCHS="${FT_EPOCHS:-20}"; FT_ITERS="${FT_ITERS:-100}"
 FT_LRS="${FT_LRS:-2e-5 1e-4}"
 MT_LR="${MT_LR:-1e-4}"
@@ -29,7 +32,7 @@ segment() {  # bundle name pretrained lr: train, then evaluate the best checkpoi
   local cfg="bundles/$1/configs" out="$work/$2"
   run $PY -m monai.bundle run --config_file "$cfg/train.json" --dataset_dir "$data" \
     --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --pretrained "$3" --learning_rate "$4" \
-    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $EXTRA \
+    --epochs "$FT_EPOCHS" --iters_per_epoch "$FT_ITERS" --warmup_epochs 2 --progress_bar False $AUG $EXTRA \
     --output_dir "$out" > "$work/$2.log" 2>&1
   run $PY -m monai.bundle run --config_file "['$cfg/train.json','$cfg/evaluate.json']" \
     --dataset_dir "$data" --task "$TASK" --labelled_scans "$N" --split_seed "$SEED" --output_dir "$out" $EXTRA >> "$work/$2.log" 2>&1

@@ -188,7 +188,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
+def method_styles(methods: list[str]) -> dict[str, dict]:
+    """One colour, marker and line style per method, the same in every panel of a figure (the legend is shared)."""
+    markers, lines = "osD^v", ("-", "--", ":")
+    return {m: {"color": f"C{i % 10}", "marker": markers[(i // 10) % len(markers)], "linestyle": lines[(i // 10) % len(lines)]}
+            for i, m in enumerate(methods)}
+
+
+def dice_vs_scans_figure(rows: list[dict], title: str):
+    """The matplotlib figure of :func:`plot_dice_vs_scans` (None when no task has results)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,14 +206,15 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     tasks = [t for t, _ in TASK_COLUMNS if any(c[0] == t for c in columns)]
     if not tasks:
         return None
+    styles = method_styles(methods)
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
     names = dict(TASK_COLUMNS)
     for ax, task in zip(axes[0], tasks):
         for m in methods:
             pts = sorted((c[1], cells[(m, *c)]) for c in columns if c[0] == task and (m, *c) in cells)
             if pts:
-                ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], marker="o",
-                            capsize=3, label=m)
+                ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], capsize=3,
+                            label=m, **styles[m])
         ax.set_xticks(sorted({c[1] for c in columns if c[0] == task}))
         ax.set_title(names[task])
         ax.set_xlabel("labelled scans")
@@ -219,6 +228,16 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.06 * legend_rows + 0.02, 1, 1))
     fig.legend(handles.values(), handles.keys(), fontsize=8, loc="lower center", ncol=min(4, len(handles)))
+    return fig
+
+
+def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
+    """Test Dice against labelled scans, one panel per task, one line per method (mean, std over seeds as bars)."""
+    import matplotlib.pyplot as plt
+
+    fig = dice_vs_scans_figure(rows, title)
+    if fig is None:
+        return None
     out = _save(fig, path)
     plt.close(fig)
     return out
@@ -351,9 +370,19 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
     return out
 
 
-def write_report(csv_paths, out_dir, title: str = "Results", note: str = "") -> list[Path]:
-    """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written."""
+def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None) -> list[Path]:
+    """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
+    ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
+    they start from."""
     rows = read_rows(csv_paths)
+    if methods is not None:
+        wanted = [methods] if isinstance(methods, str) else list(methods)
+        unknown = sorted(set(wanted) - {r.get("method") for r in rows if r.get("kind") != "pretrain"})
+        if unknown:
+            raise ReportError(f"methods {unknown} are in none of {[str(p) for p in csv_paths]}")
+        rows = [r for r in rows if r.get("kind") == "pretrain" or r.get("method") in wanted]
+        inits = {r.get("init") for r in rows if r.get("kind") != "pretrain"}
+        rows = [r for r in rows if r.get("kind") != "pretrain" or r.get("name") in inits]
     seg = [r for r in rows if r.get("kind") != "pretrain"]
     if not seg:
         raise ReportError(f"{[str(p) for p in csv_paths]}: no fine-tuning results to report")
