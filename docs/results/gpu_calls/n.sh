@@ -13,9 +13,14 @@
 #   n3  the same runners again (each resumes what is left), then everything is collected.
 #   n4  [pre10kaug]: the [pre10k] pre-training fine-tuned with T's ranges (LV seeds 0-2, RV/Myo seeds 0/1), and
 #       Baseline [longaug] for RV/Myo seeds 0/1.
+#   o1, o2, o3 (prepared for the next 4-GPU lease, not run): the acdc_paper preset at LR 1e-4, which since
+#       finetune_seg 0.3.0 is [longaug] / [pre10kaug] under their own names, for the cells those rows lack: RV/Myo
+#       seed 2 at 1 scan and 2/4 scans for 3 seeds, Baseline and the full method (20 + 20 fine-tunes, one new
+#       pre-training). o1: the pre-training on GPU 0, baselines on GPUs 1-3; o2: the full method's fine-tunes and
+#       what is left, on all 4; o3: what is left, then everything is collected. Expect o3 to be needed.
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
-T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}
+T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
 D=/tmp/w/acdc; W=/tmp/w/n; mkdir -p $W
 left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
@@ -23,7 +28,7 @@ nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
 LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run acdc_fast \
+  CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run $PRESET \
     --dataset_dir $D --work_dir $W/$name "$@" >> $W/$name.out 2>&1 &
 }
 pre10k() {  # the full method at the paper's lengths; same pre-training arguments in every phase
@@ -58,10 +63,21 @@ n4)  # the stronger augmentation for both rows: [pre10k] fine-tunes and baseline
     --only '["*_lv_n1_*", "*_rv_n1_s[01]_*", "*_myo_n1_s[01]_*"]'
   runner base_aug 0,1,2,3 4 --jobs 4 --tasks rv,myo --counts 1 --seeds 0,1 --lrs 1e-4 --methods Baseline \
     --tag longaug --overrides "$AUG" ;;
+o1|o2|o3)
+  PRESET=acdc_paper; PNG_RUNS=paper_*
+  GRID=(--tasks lv,rv,myo --counts 1,2,4 --seeds 0,1,2 --lrs 1e-4)
+  CELLS='["pre_*", "*_rv_n1_s2_*", "*_myo_n1_s2_*", "*_n2_*", "*_n4_*"]'
+  if [ $PHASE = o1 ]; then
+    runner paper_full 0 --gpus 1 --jobs 1 "${GRID[@]}" --methods "Contrast (Enc) + Ours (Dec)" --only '["pre_*"]'
+    runner paper_base 1,2,3 --gpus 3 --jobs 15 "${GRID[@]}" --methods Baseline --only "$CELLS"
+  else
+    runner paper_full 0,1,2,3 --gpus 4 --jobs 16 "${GRID[@]}" --methods "Contrast (Enc) + Ours (Dec)" --only "$CELLS"
+    runner paper_base 0,1,2,3 --gpus 4 --jobs 8 "${GRID[@]}" --methods Baseline --only "$CELLS"
+  fi ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long; do
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base; do
   [ -d $W/$r ] || continue
   python tools/experiments.py collect $W/$r > /dev/null 2>&1
   echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
@@ -70,7 +86,7 @@ done
 cat $W/pre10k/runs/pre_full_pre10k/cluster_quality.json 2>/dev/null | head -c 600; echo
 grep -h "Epoch\[\|Iteration" $W/pre10k/runs/pre_full_pre10k/log.txt 2>/dev/null | tail -n 2
 tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' n
-[ $PHASE = n1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/pre10k/runs/ft_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+[ $PHASE = n1 ] || [ $PHASE = o1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
