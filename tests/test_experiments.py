@@ -64,6 +64,41 @@ def test_acdc_fast_keeps_the_light_augmentation_its_rows_were_measured_with(tmp_
     assert aug[aug.index("--gamma_range") + 1] == "[0.5, 2.0]" and aug[aug.index("--scale_range") + 1] == "[0.9, 1.1]"
 
 
+def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path, monkeypatch):
+    cell = {"preset": "acdc_fast", "tasks": "lv", "counts": 1, "seeds": 0, "lrs": 1e-4,
+            "methods": ["Contrast (Enc) + Ours (Dec)"]}
+    plan = [cell, {**cell, "methods": ["Baseline", "Contrast (Enc) + Ours (Dec)"], "tag": "aug",
+                   "overrides": {"max_rotation_deg": 45.0}}]
+    grid = ex.build_plan(plan, "/d", tmp_path)
+    assert [r.name for r in grid] == ["pre_full", "ft_pre_full_lv_n1_s0_lr1e-4", "ft_random_lv_n1_s0_lr1e-4_aug",
+                                      "ft_pre_full_lv_n1_s0_lr1e-4_aug"]
+    assert all(r.depends == ("pre_full",) for r in grid if "pre_full_lv" in r.name)
+    # one tag with two meanings would mix two protocols under one name
+    clash = [{**plan[1], "methods": ["Baseline"]}, {**plan[1], "methods": ["Baseline"], "overrides": {"flip_prob": 0.0}}]
+    with pytest.raises(ex.ExperimentError, match="plan entry 1: run ft_random_lv_n1_s0_lr1e-4_aug is in an earlier grid"):
+        ex.build_plan(clash, "/d", tmp_path)
+    # from a JSON file through the command line's code path: one runner gets every run
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    seen = {}
+    monkeypatch.setattr(ex, "run_grid", lambda g, w, jobs, log, gpus: seen.update(names=[r.name for r in g], jobs=jobs,
+                        gpus=gpus) or {"skipped_existing": 0, "done": 0, "failed": 0, "skipped_dependency": 0})
+    ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1)
+    assert seen == {"names": [r.name for r in grid], "jobs": 3, "gpus": 1}
+
+
+@pytest.mark.parametrize("plan, match", [
+    ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),
+    ([{"preset": "acdc_fast", "task": "lv"}], r"plan entry 0: unknown keys \['task'\]"),
+    ([], "expected a non-empty list of grids"),
+    ("missing.json", "no such JSON file"),
+    ([{"preset": "acdc_fst"}], "unknown preset 'acdc_fst'"),
+])
+def test_bad_plans_are_named(tmp_path, plan, match):
+    with pytest.raises(ex.ExperimentError, match=match):
+        ex.build_plan(str(tmp_path / plan) if isinstance(plan, str) else plan, "/d", tmp_path)
+
+
 def test_override_values_reach_the_bundle_as_fire_reads_them(tmp_path):
     # Fire reads JSON's false / null back as the strings 'false' / 'null': the runner writes Python literals
     grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4, methods=["Baseline"],

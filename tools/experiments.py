@@ -2,6 +2,7 @@
 
     python tools/experiments.py plan acdc_fast                                   # list the runs of a preset
     python tools/experiments.py run acdc_fast --dataset_dir data/acdc --work_dir runs/acdc_fast --jobs 6
+    python tools/experiments.py run_plan plan.json --dataset_dir data/acdc --work_dir runs/mixed --gpus 4 --jobs 16
     python tools/experiments.py collect runs/acdc_fast                           # -> runs/acdc_fast/results.csv
     python tools/experiments.py report runs/acdc_fast/results.csv --out_dir docs/results
 
@@ -326,6 +327,46 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     return grid
 
 
+PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides")
+
+
+def read_plan(plan) -> list[dict]:
+    """A plan: a list of grids, each a dict of :func:`build_grid`'s arguments (``preset`` and optionally ``PLAN_KEYS``),
+    given as a list or as the path of a JSON file holding one."""
+    if isinstance(plan, (str, Path)) and not isinstance(plan, (list, tuple)):
+        path = Path(plan)
+        if not path.is_file():
+            raise ExperimentError(f"plan {plan!r}: no such JSON file (expected a list of grids such as "
+                                  '[{"preset": "acdc_fast", "tag": "long", "overrides": {"epochs": 50}}])')
+        try:
+            plan = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ExperimentError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(plan, (list, tuple)) or not plan:
+        raise ExperimentError(f"plan: expected a non-empty list of grids, got {type(plan).__name__}")
+    for i, entry in enumerate(plan):
+        if not isinstance(entry, dict) or "preset" not in entry:
+            raise ExperimentError(f"plan entry {i}: expected an object with a 'preset', got {entry!r}")
+        unknown = sorted(set(entry) - set(PLAN_KEYS))
+        if unknown:
+            raise ExperimentError(f"plan entry {i}: unknown keys {unknown}; allowed: {list(PLAN_KEYS)}")
+    return [dict(e) for e in plan]
+
+
+def build_plan(plan, dataset_dir: str, work_dir: str) -> list[Run]:
+    """The runs of every grid of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
+    spreads them all over its GPUs. A run that several grids share (the same name, e.g. an untagged pre-training) is
+    kept once; the same name with other commands (e.g. one tag given two meanings) is an error."""
+    runs: dict[str, Run] = {}
+    for i, entry in enumerate(read_plan(plan)):
+        for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry):
+            if r.name in runs and runs[r.name].commands != r.commands:
+                raise ExperimentError(f"plan entry {i}: run {r.name} is in an earlier grid with other commands "
+                                      "(give this grid its own --tag)")
+            runs.setdefault(r.name, r)
+    return sorted(runs.values(), key=lambda r: r.kind != "pretrain")
+
+
 # ---------------------------------------------------------------------------------------------------- runner
 
 
@@ -625,10 +666,26 @@ class CLI:
         """Execute the grid of ``preset`` on ``dataset_dir`` (prepared by data_prep; None: the demo data) in
         ``work_dir``, ``jobs`` runs at a time (``gpus``: spread them over these GPUs, e.g. ``2`` or ``0,1``), then
         write ``work_dir/results.csv``. Exits 1 if a run failed."""
-        grid = build_grid(preset, dataset_dir, work_dir, **narrow)
+        self._execute(preset, build_grid(preset, dataset_dir, work_dir, **narrow), work_dir, jobs, gpus)
+
+    def run_plan(self, plan, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None,
+                 dry_run: bool = False) -> None:
+        """Execute several grids as one (see :func:`build_plan`): ``plan`` is a JSON file (or list) of grids, each
+        ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
+        balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
+        ``dry_run``: print the runs instead."""
+        grid = build_plan(plan, dataset_dir, work_dir)
+        if dry_run:
+            for r in grid:
+                print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")
+            print(f"{len(grid)} runs", file=sys.stderr)
+            return
+        self._execute("plan", grid, work_dir, jobs, gpus)
+
+    def _execute(self, what: str, grid: list[Run], work_dir: str, jobs: int, gpus) -> None:
         parse_gpus(gpus)  # a bad --gpus fails before anything runs
         Path(work_dir).mkdir(parents=True, exist_ok=True)
-        print(f"{preset}: {len(grid)} runs, {jobs} at a time, on {_gpu_name()}", flush=True)
+        print(f"{what}: {len(grid)} runs, {jobs} at a time, on {_gpu_name()}", flush=True)
         counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True), gpus=gpus)
         print(json.dumps(counts), flush=True)
         if counts["done"] + counts["skipped_existing"]:
