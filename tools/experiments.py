@@ -333,7 +333,7 @@ PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "ta
 def read_plan(plan) -> list[dict]:
     """A plan: a list of grids, each a dict of :func:`build_grid`'s arguments (``preset`` and optionally ``PLAN_KEYS``),
     given as a list or as the path of a JSON file holding one."""
-    if isinstance(plan, (str, Path)) and not isinstance(plan, (list, tuple)):
+    if isinstance(plan, (str, Path)):
         path = Path(plan)
         if not path.is_file():
             raise ExperimentError(f"plan {plan!r}: no such JSON file (expected a list of grids such as "

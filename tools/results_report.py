@@ -191,8 +191,8 @@ def _save(fig, path: Path) -> Path:
 def method_styles(methods: list[str]) -> dict[str, dict]:
     """One colour, marker and line style per method, the same in every panel of a figure (the legend is shared)."""
     markers, lines = "osD^v", ("-", "--", ":")
-    return {m: {"color": f"C{i % 10}", "marker": markers[(i // 10) % len(markers)], "linestyle": lines[(i // 10) % len(lines)]}
-            for i, m in enumerate(methods)}
+    return {m: {"color": f"C{i % 10}", "marker": markers[(i // 10) % len(markers)],
+                "linestyle": lines[(i // 10) % len(lines)]} for i, m in enumerate(methods)}
 
 
 def dice_vs_scans_figure(rows: list[dict], title: str):
