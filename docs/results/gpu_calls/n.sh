@@ -18,6 +18,10 @@
 #       seed 2 at 1 scan and 2/4 scans for 3 seeds, Baseline and the full method (20 + 20 fine-tunes, one new
 #       pre-training). o1: the pre-training on GPU 0, baselines on GPUs 1-3; o2: the full method's fine-tunes and
 #       what is left, on all 4; o3: what is left, then everything is collected. Expect o3 to be needed.
+#   p1, p2, p3 (eighth session, one nvidia-h100-x2 lease = 2 GPUs, as o1-o3 scaled down): acdc_paper at LR 1e-4,
+#       Baseline and the full method at 2 and 4 labelled scans, seeds 0 and 1 (12 + 12 fine-tunes, one pre-training),
+#       all in one work dir. p1: the pre-training on GPU 0, baselines seed 0 on GPU 1; p2: the pre-training resumes and
+#       the full method's seed-0 fine-tunes follow on GPU 0, baselines on GPU 1; p3: one runner for both rows on both GPUs.
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -29,7 +33,7 @@ LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run $PRESET \
-    --dataset_dir $D --work_dir $W/$name "$@" >> $W/$name.out 2>&1 &
+    --dataset_dir $D --work_dir $W/${WDIR:-$name} "$@" >> $W/$name.out 2>&1 &
 }
 pre10k() {  # the full method at the paper's lengths; same pre-training arguments in every phase
   runner pre10k "$1" --gpus "$2" --jobs 14 --tasks lv,rv,myo --counts 1,2,4 --seeds 0,1,2 --lrs 1e-4 \
@@ -74,19 +78,30 @@ o1|o2|o3)
     runner paper_full 0,1,2,3 --gpus 4 --jobs 16 "${GRID[@]}" --methods "Contrast (Enc) + Ours (Dec)" --only "$CELLS"
     runner paper_base 0,1,2,3 --gpus 4 --jobs 8 "${GRID[@]}" --methods Baseline --only "$CELLS"
   fi ;;
+p1|p2|p3)  # both rows share the work dir $W/paper, so p3's single runner sees every result of p1/p2
+  PRESET=acdc_paper; PNG_RUNS=paper; WDIR=paper; FULL="Contrast (Enc) + Ours (Dec)"
+  GRID=(--tasks lv,rv,myo --counts 2,4 --lrs 1e-4)
+  case $PHASE in
+  p1) runner paper_full 0 --gpus 1 --jobs 1 "${GRID[@]}" --seeds 0 --methods "$FULL" --only '["pre_*"]'
+      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" --seeds 0 --methods Baseline ;;
+  p2) runner paper_full 0 --gpus 1 --jobs 4 "${GRID[@]}" --seeds 0 --methods "$FULL"
+      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" --seeds 0,1 --methods Baseline ;;
+  p3) runner paper 0,1 --gpus 2 --jobs ${JOBS:-8} "${GRID[@]}" --seeds 0,1 --methods "Baseline,$FULL" ;;
+  esac ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base; do
-  [ -d $W/$r ] || continue
-  python tools/experiments.py collect $W/$r > /dev/null 2>&1
-  echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
-  grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper; do
+  [ -d $W/$r ] && python tools/experiments.py collect $W/$r > /dev/null 2>&1 &&
+    echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
+  [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
 done
-cat $W/pre10k/runs/pre_full_pre10k/cluster_quality.json 2>/dev/null | head -c 600; echo
-grep -h "Epoch\[\|Iteration" $W/pre10k/runs/pre_full_pre10k/log.txt 2>/dev/null | tail -n 2
+for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the last logged iteration
+  echo "$q"; cat $q/cluster_quality.json 2>/dev/null | head -c 600; echo
+  grep -h "Epoch\[\|Iteration" $q/log.txt 2>/dev/null | tail -n 2
+done
 tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' n
-[ $PHASE = n1 ] || [ $PHASE = o1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+[ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
