@@ -408,6 +408,32 @@ def test_report_of_chosen_methods_keeps_only_their_rows_and_pretrainings(tmp_pat
         rr.write_report([csv_path], tmp_path / "out2", methods=["Basline"])
 
 
+def test_report_relabels_rows_of_the_same_settings_and_takes_one_lr_for_the_paper_table(tmp_path):
+    cols = ["name", "kind", "method", "task", "labelled_scans", "seed", "lr", "paper_lr", "val_dice", "test_dice"]
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_text(",".join(cols) + "\n"
+                        "ft_aug,finetune,Baseline [longaug],lv,1,0,1e-4,1e-4,0.5,0.55\n"     # acdc_fast + a tag
+                        "ft_paper,finetune,Baseline,lv,2,0,1e-4,2e-5,0.6,0.70\n"             # acdc_paper at 1e-4
+                        "ft_paper_low,finetune,Baseline,lv,2,0,2e-5,2e-5,0.4,0.60\n")
+    rr.write_report([csv_path], tmp_path / "out", relabel={"Baseline [longaug]": "Baseline"}, paper_lr=1e-4)
+    md = (tmp_path / "out" / "README.md").read_text()
+    paper = md.split("## Paper protocol")[1].split("## Each method")[0]
+    assert "(0.0001 for every row, set for this report)" in paper
+    assert "| Baseline | **55.00** | **70.00** |" in paper and "[longaug]" not in paper
+    assert "rows `Baseline [longaug]` are reported as `Baseline`" in md
+    # without the report's paper_lr each row keeps its preset's: the 2-scan cell is then the 2e-5 run
+    rows = rr.read_rows([csv_path])
+    rr.relabel_rows(rows, {"Baseline [longaug]": "Baseline"})
+    assert sorted(r["test_dice"] for r in rr.select(rows, "paper")) == [0.55, 0.60]
+    assert sorted(r["test_dice"] for r in rr.select(rows, "paper", 1e-4)) == [0.55, 0.70]
+    with pytest.raises(rr.ReportError, match=r"relabel: methods \['Baseline \[lngaug\]'\] are in no row"):
+        rr.relabel_rows(rr.read_rows([csv_path]), {"Baseline [lngaug]": "Baseline"})
+    clash = tmp_path / "clash.csv"
+    clash.write_text(csv_path.read_text() + "ft_aug2,finetune,Baseline [longaug],lv,2,0,1e-4,1e-4,0.5,0.50\n")
+    with pytest.raises(rr.ReportError, match="runs ft_paper and ft_aug2 both give Baseline's cell lv, 2 scan"):
+        rr.write_report([clash], tmp_path / "out2", relabel={"Baseline [longaug]": "Baseline"})
+
+
 # ------------------------------------------------------------------------------- end to end: bundles on demo data
 
 

@@ -286,6 +286,34 @@ def test_mask_outline_is_the_border_of_the_mask():
     assert mask_outline(np.ones((3, 3), bool)).sum() == 8  # the image border counts as outside
 
 
+@pytest.mark.parametrize("order, shown", [("worst", ["s1", "s3"]), ("first", ["s0", "s1"])])
+def test_prediction_panel_shows_the_lowest_dice_scans_first_or_the_first_scans(tmp_path, order, shown):
+    from types import SimpleNamespace
+
+    from bim_common.inference import PredictionPanelWriter
+    from PIL import Image
+
+    writer = PredictionPanelWriter(str(tmp_path), "lv", max_scans=2, order=order)
+    engine = SimpleNamespace(state=SimpleNamespace(metric_details={}))
+    writer.reset()
+    for k in range(4):  # one scan per iteration, as the evaluator runs them
+        label = torch.zeros(2, 8, 8, 3)
+        label[0], label[1, 2:6, 2:6, 1] = 1, 1
+        label[0, 2:6, 2:6, 1] = 0
+        engine.state.output = [{"image": torch.rand(1, 8, 8, 3), "label": label, "pred": label}]
+        engine.state.batch = [{"scan": f"s{k}"}]
+        writer.collect(engine)
+    engine.state.metric_details = {"val_mean_dice": torch.tensor([[0.9], [0.1], [0.5], [0.3]])}
+    path = writer.write(engine)
+    assert writer.written_scans == shown
+    assert np.asarray(Image.open(path)).shape == (2 * 8, 2 * 8, 3)
+    engine.state.metric_details = {}  # no per-scan Dice: the first scans, whatever the order
+    writer.write(engine)
+    assert writer.written_scans == ["s0", "s1"]
+    with pytest.raises(ValueError, match="order must be one of"):
+        PredictionPanelWriter(str(tmp_path), "lv", order="best")
+
+
 @pytest.mark.parametrize("bundle", ["finetune_seg", "meanteacher_seg"])
 @pytest.mark.parametrize("task", ["lv", "prostate"])
 def test_bundles_take_the_labelled_augmentation_from_the_task(bundle, task):

@@ -698,13 +698,20 @@ class CLI:
         print(collect(work_dir, csv_path))
 
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
-               methods=None) -> None:
+               methods=None, relabel=None, paper_lr: float | None = None) -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
-        paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``)."""
+        paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
+        ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
+        ``paper_lr``: one LR for every row of the paper-protocol table, in place of each preset's)."""
         from results_report import write_report
 
+        if relabel is not None and not isinstance(relabel, dict):
+            raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
+        if isinstance(csv_paths, str) and csv_paths.startswith("[") and csv_paths.endswith("]"):
+            csv_paths = [x.strip().strip("'\"") for x in csv_paths[1:-1].split(",") if x.strip()]  # fire kept "[a.csv, b.csv]" whole
         paths = [csv_paths] if isinstance(csv_paths, str) else list(csv_paths)
-        for p in write_report(paths, out_dir, title=title, note=note, methods=methods):
+        for p in write_report(paths, out_dir, title=title, note=note, methods=methods, relabel=relabel,
+                              paper_lr=None if paper_lr is None else float(paper_lr)):
             print(p)
 
 

@@ -82,9 +82,10 @@ def read_rows(csv_paths) -> list[dict]:
     return list(rows.values())
 
 
-def select(rows: list[dict], protocol: str) -> list[dict]:
-    """One row per (method, ablation, task, labelled scans, seed): ``paper`` keeps the run at ``paper_lr``;
-    ``tuned`` keeps the LR with the best validation Dice (ties: the smaller LR)."""
+def select(rows: list[dict], protocol: str, paper_lr: float | None = None) -> list[dict]:
+    """One row per (method, ablation, task, labelled scans, seed): ``paper`` keeps the run at ``paper_lr`` (the
+    argument when given, one LR for every row, else each run's preset ``paper_lr``); ``tuned`` keeps the LR with
+    the best validation Dice (ties: the smaller LR)."""
     groups = defaultdict(list)
     for r in rows:
         if r.get("kind") == "pretrain":
@@ -94,7 +95,7 @@ def select(rows: list[dict], protocol: str) -> list[dict]:
     out = []
     for runs in groups.values():
         if protocol == "paper":
-            chosen = [r for r in runs if math.isclose(r["lr"], r["paper_lr"], rel_tol=1e-6)]
+            chosen = [r for r in runs if math.isclose(r["lr"], r["paper_lr"] if paper_lr is None else paper_lr, rel_tol=1e-6)]
             if chosen:
                 out.append(chosen[0])
         elif protocol == "tuned":
@@ -370,10 +371,36 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
     return out
 
 
-def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None) -> list[Path]:
+def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
+    """Report the rows of one label under another (``{"Baseline [longaug]": "Baseline"}``): for runs that used
+    the same settings under another name, e.g. a tag whose overrides later became the bundles' default. Changes
+    ``rows`` in place and returns one markdown line per label moved. A label found in no row, or two runs
+    landing in the same cell (method, task, labelled scans, seed, LR), is a ``ReportError``."""
+    present = {r.get("method") for r in rows if r.get("kind") != "pretrain"}
+    unknown = sorted(set(relabel) - present)
+    if unknown:
+        raise ReportError(f"relabel: methods {unknown} are in no row (labels found: {sorted(present)})")
+    cells: dict[tuple, str] = {}
+    for r in rows:
+        if r.get("kind") == "pretrain":
+            continue
+        r["method"] = relabel.get(r["method"], r["method"])
+        key = (r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"],
+               r["seed"], r["lr"])
+        if key in cells:
+            raise ReportError(f"relabel: runs {cells[key]} and {r.get('name')} both give {r['method']}'s cell "
+                              f"{r['task']}, {r['labelled_scans']} scan(s), seed {r['seed']}, LR {r['lr']:g}")
+        cells[key] = r.get("name")
+    return [f"- rows `{old}` are reported as `{new}` (the same settings under another name)."
+            for old, new in relabel.items()]
+
+
+def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
+                 paper_lr: float | None = None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
-    they start from."""
+    they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
+    ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's."""
     rows = read_rows(csv_paths)
     if methods is not None:
         wanted = [methods] if isinstance(methods, str) else list(methods)
@@ -386,19 +413,21 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     seg = [r for r in rows if r.get("kind") != "pretrain"]
     if not seg:
         raise ReportError(f"{[str(p) for p in csv_paths]}: no fine-tuning results to report")
+    moved = relabel_rows(rows, dict(relabel)) if relabel else []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, md = [], [f"# {title}", "", "3D Dice x 100 on the test scans, mean (std over seeds); `n=` when a cell "
                        "has 2 or more than 3 seeds, a bare number when it has one seed; best of each column in bold.", ""]
     gpus = sorted({r.get("gpu", "") for r in rows if r.get("gpu")})
-    commits = sorted({r.get("commit", "") for r in rows if r.get("commit")})
+    commits = sorted({r["commit"][:7] for r in rows if r.get("commit")})  # short hashes, as git prints them
     md += [f"GPU(s): {', '.join(gpus) or 'unknown'}; commit(s): {', '.join(commits) or 'unknown'}.", ""]
     if note:
         md += [note, ""]
-    md += tag_lines(seg)
-    for protocol, heading in (("paper", "Paper protocol: one fine-tuning LR for every method (the preset's `paper_lr`)"),
+    md += tag_lines(seg) + (moved + [""] if moved else [])
+    one_lr = "the preset's `paper_lr`" if paper_lr is None else f"{paper_lr:g} for every row, set for this report"
+    for protocol, heading in (("paper", f"Paper protocol: one fine-tuning LR for every method ({one_lr})"),
                               ("tuned", "Each method at its fine-tuning LR chosen on the validation split")):
-        chosen = select(seg, protocol)
+        chosen = select(seg, protocol, paper_lr)
         if not chosen:
             continue
         methods, columns, cells = table(chosen)
@@ -418,7 +447,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
     md += ["## The paper's Table 1 (mean of 3 seeds, its full protocol)", "",
            markdown_table(methods, paper_cols, {}, paper=True), ""]
-    abl = ablation_rows(select(seg, "paper"))
+    abl = ablation_rows(select(seg, "paper", paper_lr))
     if abl:
         md += ["## Ablations (paper-LR protocol)", ""]
         for key, pts in abl.items():

@@ -223,17 +223,25 @@ class ScanDiceWriter:
 
 class PredictionPanelWriter:
     """Attached to an evaluator (decollated outputs with one-hot ``pred`` and ``label`` [C, H, W, D] and
-    ``image`` [1, H, W, D]): at the end writes ``output_dir/<prefix>_predictions.png``, one row per scan (the first
-    ``max_scans``): the slice with the most labelled foreground (the middle slice when the label is empty), plain
+    ``image`` [1, H, W, D]): at the end writes ``output_dir/<prefix>_predictions.png``, one row per scan for
+    ``max_scans`` scans: the slice with the most labelled foreground (the middle slice when the label is empty), plain
     and with the label's outline in green and the prediction's in red, captioned with the scan and its 3D Dice
-    (from ``metric_name``'s per-scan details when the evaluator has them)."""
+    (from ``metric_name``'s per-scan details when the evaluator has them). ``order``: ``"first"`` shows the first
+    scans in evaluation order; ``"worst"`` the scans with the lowest Dice, lowest first (where a model fails is what
+    one looks for), or the first ones when the evaluator has no per-scan Dice. ``written_scans``: the scans shown."""
 
-    def __init__(self, output_dir: str, prefix: str, metric_name: str = "val_mean_dice", max_scans: int = 8) -> None:
+    ORDERS = ("first", "worst")
+
+    def __init__(self, output_dir: str, prefix: str, metric_name: str = "val_mean_dice", max_scans: int = 8,
+                 order: str = "first") -> None:
         if int(max_scans) < 1:
             raise ValueError(f"max_scans must be >= 1, got {max_scans}")
+        if order not in self.ORDERS:
+            raise ValueError(f"order must be one of {self.ORDERS}, got {order!r}")
         self.output_dir, self.prefix = Path(output_dir), prefix
-        self.metric_name, self.max_scans = metric_name, int(max_scans)
+        self.metric_name, self.max_scans, self.order = metric_name, int(max_scans), order
         self.rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.written_scans: list[str] = []
         self.seen = 0
 
     def attach(self, engine: Engine) -> None:
@@ -250,8 +258,8 @@ class PredictionPanelWriter:
         batch = engine.state.batch if isinstance(engine.state.batch, list) else [engine.state.batch]
         for i, out in enumerate(outputs):
             self.seen += 1
-            if len(self.rows) >= self.max_scans:
-                continue
+            if self.order == "first" and len(self.rows) >= self.max_scans:
+                continue  # "worst" keeps one slice per scan until the Dice are known
             scan = batch[i].get("scan", f"scan{self.seen - 1}") if i < len(batch) else f"scan{self.seen - 1}"
             scan = str(scan[0] if isinstance(scan, (list, tuple)) else scan)
             image = torch.as_tensor(out["image"]).detach().float().cpu()[0].numpy()
@@ -271,12 +279,18 @@ class PredictionPanelWriter:
         details = getattr(engine.state, "metric_details", {}).get(self.metric_name)
         dice = None
         if details is not None:
-            per_scan = torch.as_tensor(details).float().cpu().reshape(self.seen, -1).mean(1).tolist()
-            dice = per_scan[: len(self.rows)]
-        h = max(r[1].shape[0] for r in self.rows)
-        w = max(r[1].shape[1] for r in self.rows)
-        panel = np.zeros((h * len(self.rows), 2 * w, 3), np.uint8)
-        for k, (scan, image, label, pred) in enumerate(self.rows):
+            dice = torch.as_tensor(details).float().cpu().reshape(self.seen, -1).mean(1).tolist()[: len(self.rows)]
+        keep = list(range(len(self.rows)))
+        if self.order == "worst" and dice is not None:
+            keep.sort(key=lambda k: dice[k])
+        keep = keep[: self.max_scans]
+        rows = [self.rows[k] for k in keep]
+        dice = None if dice is None else [dice[k] for k in keep]
+        self.written_scans = [r[0] for r in rows]
+        h = max(r[1].shape[0] for r in rows)
+        w = max(r[1].shape[1] for r in rows)
+        panel = np.zeros((h * len(rows), 2 * w, 3), np.uint8)
+        for k, (scan, image, label, pred) in enumerate(rows):
             plain = gray_rgb(image)
             overlay = plain.copy()
             for mask, colour in ((label, (0, 220, 0)), (pred, (255, 40, 40))):
@@ -289,11 +303,12 @@ class PredictionPanelWriter:
             panel[k * h:k * h + ih, w:w + iw] = overlay
         img = Image.fromarray(panel)
         draw = ImageDraw.Draw(img)
-        for k, (scan, *_rest) in enumerate(self.rows):
+        for k, scan in enumerate(self.written_scans):
             caption = scan + (f"  Dice {dice[k]:.3f}" if dice is not None else "")
             draw.text((4, k * h + 4), caption, fill=(255, 255, 0))
         path = save_png(np.asarray(img), self.output_dir / f"{self.prefix}_predictions.png")
-        logger.info(f"prediction panel ({len(self.rows)} scans; label green, prediction red) -> {path}")
+        which = "lowest Dice first" if self.order == "worst" and dice is not None else "first in evaluation order"
+        logger.info(f"prediction panel ({len(rows)} of {self.seen} scans, {which}; label green, prediction red) -> {path}")
         return path
 
 

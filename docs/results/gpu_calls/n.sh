@@ -100,7 +100,10 @@ for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the l
   echo "$q"; cat $q/cluster_quality.json 2>/dev/null | head -c 600; echo
   grep -h "Epoch\[\|Iteration" $q/log.txt 2>/dev/null | tail -n 2
 done
-tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude=tensorboard --exclude='*.png' n
+# results only: no checkpoints, no TensorBoard, no PNGs, and nothing over 300 kB (call P2's tar went over 16 MiB,
+# most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB)
+(cd /tmp/w && find n -size +300k) > /tmp/w/big.txt
+tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X /tmp/w/big.txt n
 [ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
@@ -109,3 +112,6 @@ exit 0
 # n.sh 330 n3 (92 s), then phase n4 was added and committed after the call: n.sh 405 n4 (310 s).
 # N2 and N4 tarred the predictions of every fine-tune and went over the 16 MiB a file; N3's command narrowed them to
 # pre10k with sed, as this file now does.
+# As run (commit 8d19947, one nvidia-h100-x2 lease, 2 x H100): n.sh 588 p1 (563 s), n.sh 588 p2 (569 s; its results
+# tar went over 16 MiB and did not come back), JOBS=10 n.sh 580 p3 (460 s; the command re-made the tar without files
+# over 300 kB, as this file now does). Device time: 1,649 of 1,800 s.
