@@ -205,6 +205,36 @@ def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp
     assert counts["skipped_existing"] == 1 and counts["failed"] == 1
 
 
+def test_runner_refuses_a_work_dir_whose_finished_runs_were_made_with_other_settings(tmp_path):
+    import shlex
+
+    def finish(run, commands=None):  # what execute leaves behind a finished run
+        out = ex.run_dir(tmp_path, run)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps({"commands": commands or [shlex.join(c) for c in run.commands]}))
+        (out / "result.json").write_text("{}")
+
+    fast = ex.build_grid("acdc_fast", "/data/acdc", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                         methods=["Contrast (Enc) + Ours (Dec)"])
+    finish(fast[0])  # acdc_fast's pre_full: 2,000 iterations
+    paper = ex.build_grid("acdc_paper", "/data/acdc", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                          methods=["Contrast (Enc) + Ours (Dec)"])
+    assert paper[0].name == fast[0].name == "pre_full"
+    started = []
+    with pytest.raises(ex.ExperimentError, match=r"1 finished run\(s\).*pre_full \(recorded: --epochs 10, .*; this grid: --epochs 50, "):
+        ex.run_grid(paper, tmp_path, log=started.append)
+    assert started == []  # refused before anything ran
+    # the same grid on data and a work dir at other paths is the same run: skipped, not refused
+    moved = ex.build_grid("acdc_fast", "/elsewhere/acdc", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                          methods=["Contrast (Enc) + Ours (Dec)"])
+    ex.check_finished_runs(moved, tmp_path)
+    assert ex.settings_of(shlex.join(moved[1].commands[0])) == ex.settings_of(fast[1].commands[0])
+    assert "--pretrained" not in ex.settings_of(fast[1].commands[0]) and "--epochs" in ex.settings_of(fast[1].commands[0])
+    finish(fast[0], commands=None)
+    (ex.run_dir(tmp_path, fast[0]) / "run.json").write_text("{}")  # a record without commands: not checked
+    ex.check_finished_runs(paper, tmp_path)
+
+
 def test_a_terminated_runner_stops_its_bundle_processes_and_records_the_run_as_failed(tmp_path):
     # `timeout` sends SIGTERM to the runner: its bundle processes must stop with it (an orphan would keep
     # training and race the next attempt, which resumes in the same folder)
@@ -364,6 +394,13 @@ def test_a_run_in_several_csvs_is_taken_from_the_last_one(tmp_path):
     assert sorted((r["name"], r["test_dice"]) for r in rows) == [("ft_a", 0.30), ("ft_b", 0.20)]
     assert rr.table(rr.select(rows, "paper"))[2][("Baseline", "lv", 1)][:1] == pytest.approx((25.0,))
     assert {r["name"]: r["test_dice"] for r in rr.read_rows([new, old])}["ft_a"] == 0.10
+    # the same name from two presets is two runs, not a rerun: refused (CSVs written before the preset column: taken)
+    fast, paper = tmp_path / "fast.csv", tmp_path / "paper.csv"
+    fast.write_text(",".join(cols + ["preset"]) + "\nft_a,finetune,Baseline,lv,1,0,1e-4,1e-4,0.3,0.10,acdc_fast\n")
+    paper.write_text(",".join(cols + ["preset"]) + "\nft_a,finetune,Baseline,lv,1,0,1e-4,2e-5,0.4,0.30,acdc_paper\n")
+    with pytest.raises(rr.ReportError, match="paper.csv: run ft_a is from preset acdc_paper, but .*fast.csv holds"):
+        rr.read_rows([fast, paper])
+    assert len(rr.read_rows([old, paper])) == 2
 
 
 def test_a_method_has_the_same_colour_in_every_panel_of_dice_vs_scans():

@@ -319,6 +319,8 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                                                              task, n, seed, lr, dataset_dir, work, proto,
                                                              {"ablation": key, "ablation_value": value, **tag_meta}))
     grid = list(pre.values()) + runs
+    for r in grid:  # into result.json and the CSV: the report refuses one run name from two presets
+        r.meta.setdefault("preset", preset)
     if only:
         pats = _as_tuple(only, str)
         keep = [r for r in grid if any(fnmatch.fnmatch(r.name, p) for p in pats)]
@@ -413,6 +415,57 @@ def atomic_write_json(obj, path: Path) -> None:
 
 def run_dir(work_dir, run: Run) -> Path:
     return Path(work_dir).resolve() / "runs" / run.name
+
+
+PATH_ARGS = ("--dataset_dir", "--output_dir", "--pretrained")  # where a run reads and writes, not what it does
+
+
+def settings_of(command) -> list[str]:
+    """A bundle command (a string as ``run.json`` records it, or an argument list) without its interpreter and
+    ``PATH_ARGS``: what makes two runs of one name the same run, wherever the data and the work dir live."""
+    args = iter((shlex.split(command) if isinstance(command, str) else list(command))[1:])
+    kept = []
+    for a in args:
+        if a in PATH_ARGS:
+            next(args, None)  # and its value
+        else:
+            kept.append(a)
+    return kept
+
+
+def _flag_values(commands: list[list[str]]) -> dict[str, str]:
+    """``{"cmd0 --flag": value}`` over several commands' arguments (a flag without a value maps to "")."""
+    pairs = {}
+    for i, args in enumerate(commands):
+        for k, a in enumerate(args):
+            if a.startswith("--"):
+                nxt = args[k + 1] if k + 1 < len(args) and not args[k + 1].startswith("--") else ""
+                pairs[f"{a}" if i == 0 else f"{a} (command {i + 1})"] = nxt
+    return pairs
+
+
+def check_finished_runs(grid: list[Run], work_dir) -> None:
+    """A finished run is skipped by name, so a work dir that holds a run of the same name made with other settings
+    (another preset, other overrides) would silently stand in for this grid's: refuse it, naming the run and the
+    arguments that differ. Runs whose ``run.json`` recorded no commands are not checked."""
+    clashes = []
+    for r in grid:
+        out = run_dir(work_dir, r)
+        if not (out / "result.json").is_file() or not (out / "run.json").is_file():
+            continue
+        recorded = json.loads((out / "run.json").read_text()).get("commands")
+        if recorded is None:
+            continue
+        old, new = [settings_of(c) for c in recorded], [settings_of(c) for c in r.commands]
+        if old != new:
+            o, n = _flag_values(old), _flag_values(new)
+            diff = sorted(k for k in o.keys() | n.keys() if o.get(k) != n.get(k))
+            clashes.append(f"{r.name} (recorded: {', '.join(f'{k} {o.get(k)}' for k in diff) or old}; "
+                           f"this grid: {', '.join(f'{k} {n.get(k)}' for k in diff) or new})")
+    if clashes:
+        raise ExperimentError(f"{Path(work_dir).resolve()}: {len(clashes)} finished run(s) of this grid's names were "
+                              f"made with other settings, e.g. {clashes[0]}. Use another --work_dir for another preset, "
+                              "or a --tag for other overrides")
 
 
 def result_of(run: Run, out: Path) -> dict:
@@ -563,6 +616,7 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     for g in gpus:  # an id outside the parent's CUDA_VISIBLE_DEVICES fails before anything runs
         visible_device(g, env)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    check_finished_runs(grid, work_dir)
     placed: dict[str, str] = {}  # run name -> GPU
     done = {r.name for r in grid if (run_dir(work_dir, r) / "result.json").is_file()}
     counts = {"skipped_existing": len(done), "done": 0, "failed": 0, "skipped_dependency": 0}
@@ -630,7 +684,7 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
     rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not rows:
         raise ExperimentError(f"{work}: no runs/*/result.json yet (run the grid first)")
-    keys = ["name", "kind", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
+    keys = ["name", "kind", "preset", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
             "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
             "attempt", "gpu", "commit", "panel", "command"]
     keys += sorted({k for r in rows for k in r} - set(keys))

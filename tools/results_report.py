@@ -53,8 +53,10 @@ class ReportError(ValueError):
 def read_rows(csv_paths) -> list[dict]:
     """The runs of the CSVs (pre-trainings and segmentation runs with a test Dice), numeric fields converted.
     A run name found in several CSVs (the same cell run again, e.g. in a later GPU call) is taken from the last
-    CSV that holds it, so list the CSVs oldest first."""
+    CSV that holds it, so list the CSVs oldest first; found with two different presets (the ``preset`` column,
+    written since the runner records it) it is two runs under one name, a ``ReportError``."""
     rows: dict[str, dict] = {}
+    source: dict[str, Path] = {}
     for path in csv_paths:
         path = Path(path)
         if not path.is_file():
@@ -65,6 +67,11 @@ def read_rows(csv_paths) -> list[dict]:
             if missing:
                 raise ReportError(f"{path}: missing columns {sorted(missing)}")
             for r in reader:
+                earlier = rows.get(r.get("name"))
+                if earlier and earlier.get("preset") and r.get("preset") and earlier["preset"] != r["preset"]:
+                    raise ReportError(f"{path}: run {r['name']} is from preset {r['preset']}, but {source[r['name']]} "
+                                      f"holds a run of that name from preset {earlier['preset']}: report them separately")
+                source[r.get("name")] = path
                 if r.get("kind") == "pretrain":
                     if r.get("panel"):  # relative to the CSV's folder (the runner's work_dir)
                         r["panel"] = str(path.parent / r["panel"])
