@@ -377,6 +377,24 @@ def test_paper_table_holds_the_published_numbers():
     assert rr.PAPER_TABLE1["Ours (Dec) MI+CC"]["rv"][4] == 75.92
 
 
+def test_hardest_scans_lists_the_lowest_scans_first_with_each_methods_mean_over_its_runs(tmp_path):
+    rows = [_row("Baseline", "rv", n, 0, 1e-4, 0.5, 0.5) for n in (2, 4)] + [_row("MT + Ours", "rv", 2, 0, 1e-4, 0.5, 0.8)]
+    dice = {"a": (0.10, 0.30, 0.90), "b": (0.80, 0.60, 0.50), "c": (0.90, 0.70, 0.95)}  # Baseline n2, n4, MT + Ours
+    per_scan = {r["name"]: [(scan, d[i]) for scan, d in dice.items()] for i, r in enumerate(rows)}
+    md = rr.hardest_scans(rows, per_scan, worst=2)
+    assert md[0] == "**RV** (runs: Baseline 2, MT + Ours 1)"
+    body = [line for line in md if line.startswith("| ") and not line.startswith("| scan")]
+    # means: a Baseline 20, MT 90 -> 55; b 70, 50 -> 60; c 80, 95 -> 87.5
+    assert body == ["| a | 20.0 | 90.0 |", "| b | 70.0 | 50.0 |", "| the other 1 scans | 80.0–80.0 | 95.0–95.0 |"]
+    assert rr.hardest_scans([_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.5)], per_scan) == []  # no per-scan Dice
+    path = tmp_path / "scans.csv"
+    path.write_text("name,scan,dice\nft_a,p1,0.5\nft_a,p2,x\n")
+    with pytest.raises(rr.ReportError, match="scans.csv: run ft_a, scan p2: dice 'x' is not a number"):
+        rr.read_per_scan([path])
+    with pytest.raises(rr.ReportError, match="no such per-scan CSV"):
+        rr.read_per_scan([tmp_path / "missing.csv"])
+
+
 def test_report_rejects_a_csv_without_results_columns(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("name,kind\nx,finetune\n")
@@ -496,19 +514,29 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
                        for k in ("", "_per_scan", "_many_to_one", "_precision", "_recall"))
     for r in seg:
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
-        assert "monai.bundle run" in r["command"] and r["commit"]
+        assert "monai.bundle run" in r["command"] and r["commit"] and r["preset"] == "smoke"
+    # beside it, the Dice of every test scan of every segmentation run, whose mean is the run's test Dice
+    with open(path.with_name("results_per_scan.csv"), newline="") as f:
+        scans = list(csv.DictReader(f))
+    for r in seg:
+        mine = [float(x["dice"]) for x in scans if x["name"] == r["name"]]
+        assert len(mine) == int(r["test_scans"]) and sum(mine) / len(mine) == pytest.approx(float(r["test_dice"]), abs=1e-5)
+    assert {x["method"] for x in scans} == {r["method"] for r in seg} and all(x["scan"] for x in scans)
     # resumable: a second call runs nothing
     assert ex.run_grid(grid, work, jobs=2, log=lambda s: None)["skipped_existing"] == len(grid)
 
 
 def test_smoke_report_writes_tables_and_pngs(smoke_work, tmp_path):
     work, _ = smoke_work
-    written = rr.write_report([ex.collect(work)], tmp_path / "report", title="smoke")
+    results = ex.collect(work)
+    written = rr.write_report([results], tmp_path / "report", title="smoke",
+                              per_scan=[results.with_name("results_per_scan.csv")])
     names = {p.name for p in written}
     assert {"README.md", "dice_vs_scans_paper.png", "dice_vs_scans_tuned.png", "cluster_panels.png"} <= names
     md = (tmp_path / "report" / "README.md").read_text()
     assert "| Baseline |" in md and "| MT + Ours | **90.25** |" in md  # ours, then the paper's table
     assert "## Cluster quality of the pre-trainings" in md and "| pre-training | LV | Myo | RV | NMI |" in md
+    assert "## Hardest test scans" in md and "**LV** (runs: Baseline 1, Contrast (Enc) + Ours (Dec) 1, Mean Teacher 1)" in md
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

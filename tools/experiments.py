@@ -678,8 +678,40 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     return counts
 
 
+PER_SCAN_KEYS = ("name", "preset", "method", "task", "labelled_scans", "seed", "lr", "scan", "dice")
+
+
+def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
+    """``rows`` as a CSV with columns ``keys``, written to a temporary file and renamed (never half-written)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def per_scan_rows(work: Path, results: list[dict]) -> list[dict]:
+    """The test Dice of every scan of every finished segmentation run (its evaluation's ``eval/*_dice.csv``),
+    labelled with the run's method, task, labelled scans, seed and LR."""
+    rows = []
+    for res in results:
+        if res.get("kind") == "pretrain":
+            continue
+        dice_csvs = sorted((work / "runs" / res["name"] / "eval").glob("*_dice.csv"))
+        if not dice_csvs:
+            continue
+        with open(dice_csvs[-1], newline="") as f:
+            for scan in csv.DictReader(f):
+                rows.append({**{k: res.get(k, "") for k in PER_SCAN_KEYS}, "scan": scan["scan"], "dice": scan["dice"]})
+    return rows
+
+
 def collect(work_dir, csv_path: str | None = None) -> Path:
-    """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``)."""
+    """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``), and the
+    test Dice of every scan into ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table)."""
     work = Path(work_dir)
     rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not rows:
@@ -689,14 +721,10 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
             "attempt", "gpu", "commit", "panel", "command"]
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    scans = per_scan_rows(work, rows)
+    if scans:
+        write_csv(scans, list(PER_SCAN_KEYS), path.with_name(f"{path.stem}_per_scan.csv"))
+    return write_csv(rows, keys, path)
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
@@ -752,20 +780,23 @@ class CLI:
         print(collect(work_dir, csv_path))
 
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
-               methods=None, relabel=None, paper_lr: float | None = None) -> None:
+               methods=None, relabel=None, paper_lr: float | None = None, per_scan=None) -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
         paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
-        ``paper_lr``: one LR for every row of the paper-protocol table, in place of each preset's)."""
+        ``paper_lr``: one LR for every row of the paper-protocol table, in place of each preset's; ``per_scan``:
+        the ``*_per_scan.csv`` files ``collect`` writes, for a table of the hardest test scans)."""
         from results_report import write_report
 
         if relabel is not None and not isinstance(relabel, dict):
             raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
-        if isinstance(csv_paths, str) and csv_paths.startswith("[") and csv_paths.endswith("]"):
-            csv_paths = [x.strip().strip("'\"") for x in csv_paths[1:-1].split(",") if x.strip()]  # fire kept "[a.csv, b.csv]" whole
-        paths = [csv_paths] if isinstance(csv_paths, str) else list(csv_paths)
-        for p in write_report(paths, out_dir, title=title, note=note, methods=methods, relabel=relabel,
-                              paper_lr=None if paper_lr is None else float(paper_lr)):
+        def path_list(value):  # fire keeps "[a.csv, b.csv]" (names with dots) as one string
+            if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+                value = [x.strip().strip("'\"") for x in value[1:-1].split(",") if x.strip()]
+            return [value] if isinstance(value, str) else list(value)
+        for p in write_report(path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
+                              paper_lr=None if paper_lr is None else float(paper_lr),
+                              per_scan=path_list(per_scan) if per_scan else None):
             print(p)
 
 

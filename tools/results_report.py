@@ -89,6 +89,61 @@ def read_rows(csv_paths) -> list[dict]:
     return list(rows.values())
 
 
+def read_per_scan(csv_paths) -> dict[str, list[tuple[str, float]]]:
+    """Run name -> [(scan, test Dice)] from the ``*_per_scan.csv`` files that ``collect`` writes beside its
+    results CSV; a run found in several files is taken from the last one (list them oldest first)."""
+    runs: dict[str, list[tuple[str, float]]] = {}
+    for path in map(Path, csv_paths):
+        if not path.is_file():
+            raise ReportError(f"{path}: no such per-scan CSV (tools/experiments.py collect writes <results>_per_scan.csv)")
+        fresh: dict[str, list[tuple[str, float]]] = {}
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"name", "scan", "dice"} - set(reader.fieldnames or [])
+            if missing:
+                raise ReportError(f"{path}: missing columns {sorted(missing)}")
+            for r in reader:
+                try:
+                    fresh.setdefault(r["name"], []).append((r["scan"], float(r["dice"])))
+                except ValueError:
+                    raise ReportError(f"{path}: run {r['name']}, scan {r['scan']}: dice {r['dice']!r} is not a number") from None
+        runs.update(fresh)
+    return runs
+
+
+def hardest_scans(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]], worst: int = 5) -> list[str]:
+    """Markdown, one table per task: the ``worst`` test scans by their Dice averaged over the methods, lowest first,
+    with each method's mean Dice x 100 over its ``rows`` (every labelled count and seed) that have per-scan Dice;
+    then the range of each method's means over the other scans. Where a method fails shows here, not in a mean."""
+    md = []
+    for task, title in TASK_COLUMNS:
+        values, runs = defaultdict(list), defaultdict(int)
+        for r in rows:
+            if r["task"] != task or r.get("ablation") or r.get("name") not in per_scan:
+                continue
+            runs[r["method"]] += 1
+            for scan, dice in per_scan[r["name"]]:
+                values[(r["method"], scan)].append(100.0 * dice)
+        if not values:
+            continue
+        methods = [m for m in METHOD_ORDER if m in runs] + sorted(set(runs) - set(METHOD_ORDER))
+        mean = {k: statistics.fmean(v) for k, v in values.items()}
+        scans = sorted({scan for _, scan in mean},
+                       key=lambda sc: statistics.fmean(mean[(m, sc)] for m in methods if (m, sc) in mean))
+        md += [f"**{title}** (runs: {', '.join(f'{m} {runs[m]}' for m in methods)})", "",
+               "| scan | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+        for sc in scans[:worst]:
+            md.append(f"| {sc} | " + " | ".join(f"{mean[(m, sc)]:.1f}" if (m, sc) in mean else "–" for m in methods) + " |")
+        if scans[worst:]:
+            ranges = []
+            for m in methods:
+                v = [mean[(m, sc)] for sc in scans[worst:] if (m, sc) in mean]
+                ranges.append(f"{min(v):.1f}–{max(v):.1f}" if v else "–")
+            md.append(f"| the other {len(scans) - worst} scans | " + " | ".join(ranges) + " |")
+        md.append("")
+    return md
+
+
 def select(rows: list[dict], protocol: str, paper_lr: float | None = None) -> list[dict]:
     """One row per (method, ablation, task, labelled scans, seed): ``paper`` keeps the run at ``paper_lr`` (the
     argument when given, one LR for every row, else each run's preset ``paper_lr``); ``tuned`` keeps the LR with
@@ -403,11 +458,13 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 
 
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
-                 paper_lr: float | None = None) -> list[Path]:
+                 paper_lr: float | None = None, per_scan=None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
-    ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's."""
+    ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's.
+    ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans."""
+    scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
     rows = read_rows(csv_paths)
     if methods is not None:
         wanted = [methods] if isinstance(methods, str) else list(methods)
@@ -450,6 +507,12 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         if png:
             written.append(png)
             md += [f"![Dice vs labelled scans]({png.name})", ""]
+    hardest = hardest_scans(select(seg, "paper", paper_lr), scan_dice) if scan_dice else []
+    if hardest:
+        md += ["## Hardest test scans (the paper-protocol runs that have per-scan Dice)", "",
+               "Test 3D Dice x 100 of each scan, each method's mean over its runs (every labelled count and seed); "
+               "the 5 scans with the lowest mean over the methods, lowest first, then the other scans' range.", "",
+               *hardest]
     methods = [m for m in METHOD_ORDER if m in PAPER_TABLE1]
     paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
     md += ["## The paper's Table 1 (mean of 3 seeds, its full protocol)", "",
