@@ -79,14 +79,18 @@ o1|o2|o3)
     runner paper_base 0,1,2,3 --gpus 4 --jobs 8 "${GRID[@]}" --methods Baseline --only "$CELLS"
   fi ;;
 p1|p2|p3)  # both rows share the work dir $W/paper, so p3's single runner sees every result of p1/p2
+  # SEEDS, COUNTS, ONLY (run-name patterns) and, for p3, METHODS narrow the grid; the defaults are calls P's
   PRESET=acdc_paper; PNG_RUNS=paper; WDIR=paper; FULL="Contrast (Enc) + Ours (Dec)"
-  GRID=(--tasks lv,rv,myo --counts 2,4 --lrs 1e-4)
+  GRID=(--tasks lv,rv,myo --counts ${COUNTS:-2,4} --lrs 1e-4)
+  ONLY=(--only "${ONLY:-[\"*\"]}")
+  FIRST=${SEEDS:-0,1}; FIRST=${FIRST%%,*}
   case $PHASE in
-  p1) runner paper_full 0 --gpus 1 --jobs 1 "${GRID[@]}" --seeds 0 --methods "$FULL" --only '["pre_*"]'
-      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" --seeds 0 --methods Baseline ;;
-  p2) runner paper_full 0 --gpus 1 --jobs 4 "${GRID[@]}" --seeds 0 --methods "$FULL"
-      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" --seeds 0,1 --methods Baseline ;;
-  p3) runner paper 0,1 --gpus 2 --jobs ${JOBS:-8} "${GRID[@]}" --seeds 0,1 --methods "Baseline,$FULL" ;;
+  p1) runner paper_full 0 --gpus 1 --jobs 1 "${GRID[@]}" --seeds $FIRST --methods "$FULL" --only '["pre_*"]'
+      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" "${ONLY[@]}" --seeds $FIRST --methods Baseline ;;
+  p2) runner paper_full 0 --gpus 1 --jobs 4 "${GRID[@]}" "${ONLY[@]}" --seeds $FIRST --methods "$FULL"
+      runner paper_base 1 --gpus 1 --jobs 5 "${GRID[@]}" "${ONLY[@]}" --seeds ${SEEDS:-0,1} --methods Baseline ;;
+  p3) runner paper 0,1 --gpus 2 --jobs ${JOBS:-8} "${GRID[@]}" "${ONLY[@]}" --seeds ${SEEDS:-0,1} \
+        --methods "${METHODS:-Baseline,$FULL}" ;;
   esac ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
