@@ -140,3 +140,20 @@ def test_multi_gpu_config_runs_under_torchrun_on_cpu(demo_dataset, tmp_path):
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert (tmp_path / str(len(variant)) / "model.pt").is_file()
+
+
+def test_benchmark_profiles_the_step_and_writes_the_operator_table(demo_dataset, tmp_path):
+    import sys
+
+    out, table = tmp_path / "bench.json", tmp_path / "ops.txt"
+    cmd = [sys.executable, str(ROOT / "tools" / "benchmark_pretrain.py"), "--dataset_dir", str(demo_dataset),
+           "--iterations", "2", "--warmup", "1", "--scans_per_batch", "1", "--crop_size", "64", "--bare", "False",
+           "--profile", str(table), "--profile_steps", "1", "--output_dir", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    step = result["full_step"]
+    assert step["ms_per_step"] > 0 and step["profile"]["table"] == str(table) and step["profile"]["wall_s"] > 0
+    assert "bare_unet_eager_bf16" not in result  # --bare False
+    ops = table.read_text()
+    assert "Name" in ops and "aten::convolution" in ops  # the U-Net's operators, sorted by their own time

@@ -1,12 +1,16 @@
 """Throughput of the pre-training step, measured on the bundle's own trainer.
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
+        [--profile PATH --profile_steps 10]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
 augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
 steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
 Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
+``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
+sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
+which the GPU ran kernels (below 1: the step waits on the CPU, e.g. Python, launches or host syncs).
 """
 
 from __future__ import annotations
@@ -28,7 +32,29 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _time_trainer(overrides: dict, iterations: int, warmup: int) -> dict:
+def _device_time_us(event) -> float:
+    """An operator's own time on the device (attribute names differ between torch releases)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> dict:
+    """Write ``prof``'s operator table to ``path`` (temporary file, then rename) and return the device-busy share."""
+    on_gpu = device.type == "cuda"
+    table = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total", row_limit=rows)
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(table + "\n")
+    tmp.replace(out)
+    busy = sum(_device_time_us(e) for e in prof.key_averages()) / 1e6 if on_gpu else None
+    return {"table": str(out), "wall_s": wall_s,
+            "gpu_busy_share": round(busy / wall_s, 3) if busy is not None and wall_s > 0 else None}
+
+
+def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
+                  profile_steps: int = 0) -> dict:
     from ignite.engine import Events
     from monai.bundle import ConfigWorkflow
 
@@ -39,6 +65,9 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int) -> dict:
     device = torch.device(trainer.state.device)
     marks = {}
 
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = torch.profiler.profile(activities=activities) if profile else None
+
     def mark(engine):
         if engine.state.iteration == warmup:
             _sync(device)
@@ -48,12 +77,19 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int) -> dict:
         if engine.state.iteration == warmup + iterations:
             _sync(device)
             marks["stop"] = time.perf_counter()
+            if prof is not None:
+                prof.start()
+        if prof is not None and engine.state.iteration == warmup + iterations + profile_steps:
+            _sync(device)
+            prof.stop()
+            marks["profiled"] = time.perf_counter() - marks["stop"]
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, mark)
     trainer.run()
     seconds = (marks["stop"] - marks["start"]) / iterations
     batch = int(wf.parser.get_parsed_content("batch_size"))
-    return {
+    profiled = {"profile": profile_summary(prof, marks["profiled"], device, profile)} if prof is not None else {}
+    return {**profiled,
         "source_slices_per_step": batch,
         "network_images_per_step": 2 * batch,
         "ms_per_step": 1000 * seconds,
@@ -93,9 +129,13 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
 
 def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
          compile_bare: bool = False, channels_last: bool = False, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
-         output_dir: str = "/tmp/bim_benchmark_pretrain") -> None:
+         output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
+         bare: bool = True) -> None:
+    if profile and int(profile_steps) < 1:
+        raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations,
+    extra = int(profile_steps) if profile else 0
+    overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations + extra,
                      scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
                      save_every=10**9, resume_from=None, progress_bar=False, compile=compile,
                      channels_last=channels_last, num_subheads=num_subheads, compile_mode=compile_mode)
@@ -105,14 +145,15 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
-        "full_step": _time_trainer(overrides, iterations, warmup),
+        "full_step": _time_trainer(overrides, iterations, warmup, profile, extra),
     }
     batch = result["full_step"]["network_images_per_step"]
-    result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device)
-    if channels_last:
-        result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True)
-    if compile_bare:
-        result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last)
+    if bare:  # the U-Net alone at the same batch: what the losses, augmentation and sampling add
+        result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device)
+        if channels_last:
+            result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True)
+        if compile_bare:
+            result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last)
     text = json.dumps(result, indent=2)
     print(text)
     if out:
