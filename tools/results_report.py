@@ -5,6 +5,7 @@
   mean (std over seeds), the best of each column in bold, and the number of seeds behind each cell;
 - the same grid from the paper (``PAPER_TABLE1``) and our gap to it;
 - the ablations (alpha, lambda_CC, K) when the CSV holds them;
+- with ``per_scan`` (``collect``'s ``*_per_scan.csv``), the test scans where the methods fail;
 and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
 of the pre-training variants side by side, as the paper's Figure 3) and ``ablations.png``.
 
