@@ -343,11 +343,11 @@ def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_bef
             {"kind": "pretrain", "name": "pre_old", "variant": "full", "cq_nmi": ""}]  # unscored: left out
     md = rr.cluster_quality_table(rows)
     lines = [line for line in md if line.startswith("| Contrast")]
-    assert lines == ["| Contrast (Enc) + Ours (Dec) (full) | 75.1 (70.1) | 0.186 |",
-                     "| Contrast (Enc) + Ours (Dec) (full) [pre10k] | 75.1 (70.1) | 0.186 |"]
+    assert lines == ["| Contrast (Enc) + Ours (Dec) (full) `pre_full` | 75.1 (70.1) | 0.186 |",
+                     "| Contrast (Enc) + Ours (Dec) (full) [pre10k] `pre_full_pre10k` | 75.1 (70.1) | 0.186 |"]
     assert rr.cluster_quality_table([rows[2]]) == []
     with_m2o = dict(rows[0], cq_LV_many_to_one=0.802, cq_LV_precision=0.9, cq_LV_recall=0.6)
-    assert "| Contrast (Enc) + Ours (Dec) (full) | 75.1 (70.1) / 80.2 | 0.186 |" in rr.cluster_quality_table([with_m2o])
+    assert "| Contrast (Enc) + Ours (Dec) (full) `pre_full` | 75.1 (70.1) / 80.2 | 0.186 |" in rr.cluster_quality_table([with_m2o])
 
 
 def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_paper_lr():

@@ -361,8 +361,9 @@ def _pretrain_label(r: dict, sep: str = "\n") -> str:
 
 
 def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
-    """Markdown lines: each pre-training's ``cq_*`` columns (pretrain_bim's ``cluster_quality.json``), i.e. the
-    best single cluster's Dice per structure over all validation scans pooled (per scan in brackets) and NMI."""
+    """Markdown lines: each pre-training (label and run name) with its ``cq_*`` columns (pretrain_bim's
+    ``cluster_quality.json``), i.e. the best single cluster's Dice per structure over all validation scans pooled
+    (per scan in brackets) and NMI."""
     scored = [r for r in pretrain_rows if r.get("cq_nmi") not in (None, "")]
     if not scored:
         return []
@@ -384,7 +385,8 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
           "union of a structure's clusters scored. NMI between clusters and labels.", "",
           "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
     for r in scored:
-        md.append(f"| {_pretrain_label(r, ' ')} | " + " | ".join(cell(r, n) for n in names) + f" | {float(r['cq_nmi']):.3f} |")
+        md.append(f"| {_pretrain_label(r, ' ')} `{r['name']}` | " + " | ".join(cell(r, n) for n in names)
+                  + f" | {float(r['cq_nmi']):.3f} |")  # the run name tells apart two pre-trainings of one label
     return md + [""]
 
 
