@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Calls N (seventh session, one nvidia-h100-x4 lease = 4 GPUs): usage n.sh SECONDS PHASE; chain the phases on the warm
+# Calls N (seventh session, one nvidia-h100-x4 lease = 4 GPUs) and P (eighth, nvidia-h100-x2): usage n.sh SECONDS PHASE; chain the phases on the warm
 # machine (each call within 30 s of the last). Start each call with
 #   export CALL_START=$(date +%s) && bash .device/setup.sh > /tmp/setup.log 2>&1 && source .device/env.sh &&
 #   BIM_GIT_COMMIT=<commit> bash docs/results/gpu_calls/n.sh <limit - 12> n1|n2|n3|n4
