@@ -22,6 +22,8 @@
 #       Baseline and the full method at 2 and 4 labelled scans, seeds 0 and 1 (12 + 12 fine-tunes, one pre-training),
 #       all in one work dir. p1: the pre-training on GPU 0, baselines seed 0 on GPU 1; p2: the pre-training resumes and
 #       the full method's seed-0 fine-tunes follow on GPU 0, baselines on GPU 1; p3: one runner for both rows on both GPUs.
+#   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
+#       graphs (GPU 1), each alone on its GPU.
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -92,6 +94,14 @@ p1|p2|p3)  # both rows share the work dir $W/paper, so p3's single runner sees e
   p3) runner paper 0,1 --gpus 2 --jobs ${JOBS:-8} "${GRID[@]}" "${ONLY[@]}" --seeds ${SEEDS:-0,1} \
         --methods "${METHODS:-Baseline,$FULL}" ;;
   esac ;;
+prof)  # ninth session, after seed 2: each benchmark alone on a GPU of its own (about 3 minutes), nothing tarred
+  CUDA_VISIBLE_DEVICES=0 python tools/benchmark_pretrain.py --dataset_dir $D --compile True --profile $OUT/ops.txt \
+    --profile_steps 20 --out $OUT/bench_pretrain.json > $OUT/bench_pretrain.log 2>&1 &
+  (for a in "" "--compile_mode reduce-overhead"; do
+     CUDA_VISIBLE_DEVICES=1 python tools/benchmark_meanteacher.py --batch_size 5 --unlabelled_batch_size 5 \
+       --iterations 200 --warmup 20 --compile True $a 2>&1 | tail -n 2
+   done) > $OUT/bench_meanteacher.log 2>&1 &
+  wait; tail -n 5 $OUT/bench_pretrain.log $OUT/bench_meanteacher.log; exit 0 ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
