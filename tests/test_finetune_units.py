@@ -332,3 +332,29 @@ def test_bundles_take_the_labelled_augmentation_from_the_task(bundle, task):
         purge_scripts_modules()
     spec = get_task(task)
     assert got == (spec.max_rotation_deg, spec.scale_range, spec.gamma_range)
+
+
+@pytest.mark.parametrize("size", [(64, 64), (50, 70), (33, 47)])
+def test_decoder_pads_only_where_needed_and_matches_monai_upcat(size):
+    """The U-Net's decoder blocks skip MONAI's zero-pixel pad; outputs and gradients equal MONAI's for every input
+    size, the odd sizes included, and the state dict keeps BasicUNet's keys."""
+    from monai.networks.nets import BasicUNet
+    from monai.networks.nets.basic_unet import UpCat
+    from bim_common.network import UpCatPadIfNeeded, set_decoder_padding
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=3, features=SMALL).eval()
+    blocks = [m for m in net.modules() if isinstance(m, UpCat)]
+    assert len(blocks) == 4 and all(type(m) is UpCatPadIfNeeded for m in blocks)
+    reference = BasicUNet(spatial_dims=2, in_channels=1, out_channels=3, features=tuple(SMALL), norm="batch").eval()
+    assert set(reference.state_dict()) == set(net.state_dict())
+    reference.load_state_dict(net.state_dict())
+    x = torch.rand(2, 1, *size)
+    ours, theirs = net(x.clone().requires_grad_()), reference(x.clone().requires_grad_())
+    assert ours.shape == (2, 3, *size) and torch.equal(ours, theirs)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+    set_decoder_padding(net, always=True)
+    assert all(type(m) is UpCat for m in net.modules() if isinstance(m, UpCat))

@@ -1,12 +1,15 @@
 """Throughput of the pre-training step, measured on the bundle's own trainer.
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
-        [--profile PATH --profile_steps 10]
+        [--channels_last True|False] [--decoder_pad if_needed|always] [--profile PATH --profile_steps 10]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
 augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
 steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
+``--channels_last`` left out follows the bundle's default (channels-last on CUDA). ``--decoder_pad always`` puts
+back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
+``bim_common.network.UpCatPadIfNeeded`` (the default) saves.
 Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
 sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
@@ -54,14 +57,18 @@ def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> d
 
 
 def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
-                  profile_steps: int = 0) -> dict:
+                  profile_steps: int = 0, decoder_pad: str = "if_needed") -> dict:
     from ignite.engine import Events
     from monai.bundle import ConfigWorkflow
+
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.network import set_decoder_padding
 
     cfg = str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")
     wf = ConfigWorkflow(config_file=cfg, workflow_type="train", **overrides)
     wf.initialize()
     trainer = wf.parser.get_parsed_content("train#trainer")
+    set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
     device = torch.device(trainer.state.device)
     marks = {}
 
@@ -90,6 +97,7 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     batch = int(wf.parser.get_parsed_content("batch_size"))
     profiled = {"profile": profile_summary(prof, marks["profiled"], device, profile)} if prof is not None else {}
     return {**profiled,
+        "channels_last": bool(wf.parser.get_parsed_content("channels_last")),
         "source_slices_per_step": batch,
         "network_images_per_step": 2 * batch,
         "ms_per_step": 1000 * seconds,
@@ -100,13 +108,14 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     }
 
 
-def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False) -> dict:
+def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False,
+                    decoder_pad: str = "if_needed") -> dict:
     sys.path.insert(0, str(ROOT / "bundles"))
     from bim_common.engine import bf16_autocast
-    from bim_common.network import build_unet
+    from bim_common.network import build_unet, set_decoder_padding
 
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    net = build_unet(out_channels=2).to(device=device, memory_format=fmt)
+    net = set_decoder_padding(build_unet(out_channels=2), always=decoder_pad == "always").to(device=device, memory_format=fmt)
     opt = torch.optim.RAdam(net.parameters(), lr=1e-4)
     step_net = torch.compile(net) if compiled else net
     x = torch.rand(batch, 1, size, size, device=device).contiguous(memory_format=fmt)
@@ -128,36 +137,47 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
 
 
 def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
-         compile_bare: bool = False, channels_last: bool = False, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
+         compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
-         bare: bool = True) -> None:
+         bare: bool = True, decoder_pad: str = "if_needed") -> None:
     if profile and int(profile_steps) < 1:
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
+    if decoder_pad not in ("if_needed", "always"):
+        raise ValueError(f"decoder_pad: expected 'if_needed' or 'always', got {decoder_pad!r}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra = int(profile_steps) if profile else 0
     overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations + extra,
                      scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
                      save_every=10**9, resume_from=None, progress_bar=False, compile=compile,
-                     channels_last=channels_last, num_subheads=num_subheads, compile_mode=compile_mode)
+                     num_subheads=num_subheads, compile_mode=compile_mode)
+    if channels_last is not None:  # left out: the bundle's default
+        overrides["channels_last"] = bool(channels_last)
+    full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad)
+    channels_last = full_step["channels_last"]
     result = {
-        "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last, "num_subheads": num_subheads,
+        "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last,
+                     "decoder_pad": decoder_pad, "num_subheads": num_subheads,
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
-        "full_step": _time_trainer(overrides, iterations, warmup, profile, extra),
+        "full_step": full_step,
     }
     batch = result["full_step"]["network_images_per_step"]
     if bare:  # the U-Net alone at the same batch: what the losses, augmentation and sampling add
-        result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device)
+        result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, False, decoder_pad)
         if channels_last:
-            result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True)
+            result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True,
+                                                                           decoder_pad)
         if compile_bare:
-            result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last)
+            result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last,
+                                                                decoder_pad)
     text = json.dumps(result, indent=2)
     print(text)
     if out:
-        Path(out).write_text(text + "\n")
+        tmp = Path(out).with_name(f".{Path(out).name}.tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(out)
 
 
 if __name__ == "__main__":
