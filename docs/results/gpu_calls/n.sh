@@ -24,6 +24,7 @@
 #       the full method's seed-0 fine-tunes follow on GPU 0, baselines on GPU 1; p3: one runner for both rows on both GPUs.
 #   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
 #       graphs (GPU 1), each alone on its GPU.
+#   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -102,6 +103,12 @@ prof)  # ninth session, after seed 2: each benchmark alone on a GPU of its own (
        --iterations 200 --warmup 20 --compile True $a 2>&1 | tail -n 2
    done) > $OUT/bench_meanteacher.log 2>&1 &
   wait; tail -n 5 $OUT/bench_pretrain.log $OUT/bench_meanteacher.log; exit 0 ;;
+padab)  # ninth session: MONAI's decoder pad against UpCatPadIfNeeded, the bundle's channels_last, one after the other
+  for pad in always if_needed; do
+    python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False --iterations 100 --decoder_pad $pad \
+      --profile $OUT/ops_$pad.txt --profile_steps 20 --out $OUT/bench_$pad.json > $OUT/bench_$pad.log 2>&1
+    grep -E '"(ms_per_step|images_per_s|gpu_busy_share|channels_last)"' $OUT/bench_$pad.json
+  done; exit 0 ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
