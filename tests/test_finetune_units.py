@@ -358,3 +358,27 @@ def test_decoder_pads_only_where_needed_and_matches_monai_upcat(size):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
     set_decoder_padding(net, always=True)
     assert all(type(m) is UpCat for m in net.modules() if isinstance(m, UpCat))
+
+
+@pytest.mark.parametrize("bundle", ["pretrain_bim", "finetune_seg", "meanteacher_seg"])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle, deterministic):
+    """Each train.json's ``initialize`` seeds and sets cuDNN from its ``cudnn_deterministic`` key (default True).
+    MONAI runs ``initialize`` before it puts the bundle's folder on sys.path, so these expressions may use only
+    what the config imports (torch, monai), not the bundle's ``scripts``: the parser here gets no path either."""
+    from monai.bundle import ConfigParser
+
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    try:
+        parser = ConfigParser()
+        parser.read_config(str(ROOT / "bundles" / bundle / "configs" / "train.json"))
+        assert parser["cudnn_deterministic"] is True
+        parser["cudnn_deterministic"] = deterministic
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = (not deterministic), deterministic
+        parser.get_parsed_content("initialize", instantiate=True)
+        assert torch.backends.cudnn.deterministic is deterministic and torch.backends.cudnn.benchmark is (not deterministic)
+        first = torch.rand(2)
+        parser.get_parsed_content("initialize", lazy=False)  # run again (not from the cache): seeded again, the same draw
+        assert torch.equal(first, torch.rand(2))
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved

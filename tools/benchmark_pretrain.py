@@ -1,7 +1,8 @@
 """Throughput of the pre-training step, measured on the bundle's own trainer.
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
-        [--channels_last True|False] [--decoder_pad if_needed|always] [--profile PATH --profile_steps 10]
+        [--channels_last True|False] [--decoder_pad if_needed|always] [--cudnn_deterministic True|False]
+        [--profile PATH --profile_steps 10]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
 augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
@@ -9,7 +10,8 @@ steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
 ``--channels_last`` left out follows the bundle's default (channels-last on CUDA). ``--decoder_pad always`` puts
 back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
-``bim_common.network.UpCatPadIfNeeded`` (the default) saves.
+``bim_common.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
+its algorithms (the bundle's ``cudnn_deterministic`` key; left out, the bundle's default: deterministic).
 Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
 sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
@@ -98,6 +100,7 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     profiled = {"profile": profile_summary(prof, marks["profiled"], device, profile)} if prof is not None else {}
     return {**profiled,
         "channels_last": bool(wf.parser.get_parsed_content("channels_last")),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "source_slices_per_step": batch,
         "network_images_per_step": 2 * batch,
         "ms_per_step": 1000 * seconds,
@@ -139,7 +142,7 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
 def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
-         bare: bool = True, decoder_pad: str = "if_needed") -> None:
+         bare: bool = True, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None) -> None:
     if profile and int(profile_steps) < 1:
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     if decoder_pad not in ("if_needed", "always"):
@@ -152,11 +155,14 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
                      num_subheads=num_subheads, compile_mode=compile_mode)
     if channels_last is not None:  # left out: the bundle's default
         overrides["channels_last"] = bool(channels_last)
+    if cudnn_deterministic is not None:
+        overrides["cudnn_deterministic"] = bool(cudnn_deterministic)
     full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad)
     channels_last = full_step["channels_last"]
     result = {
         "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last,
-                     "decoder_pad": decoder_pad, "num_subheads": num_subheads,
+                     "decoder_pad": decoder_pad, "cudnn_deterministic": full_step["cudnn_deterministic"],
+                     "num_subheads": num_subheads,
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

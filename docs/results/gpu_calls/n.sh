@@ -82,9 +82,9 @@ o1|o2|o3)
     runner paper_base 0,1,2,3 --gpus 4 --jobs 8 "${GRID[@]}" --methods Baseline --only "$CELLS"
   fi ;;
 p1|p2|p3)  # both rows share the work dir $W/paper, so p3's single runner sees every result of p1/p2
-  # SEEDS, COUNTS, ONLY (run-name patterns) and, for p3, METHODS narrow the grid; the defaults are calls P's
+  # SEEDS, COUNTS, LRS, ONLY (run-name patterns) and, for p3, METHODS narrow the grid; the defaults are calls P's
   PRESET=acdc_paper; PNG_RUNS=paper; WDIR=paper; FULL="Contrast (Enc) + Ours (Dec)"
-  GRID=(--tasks lv,rv,myo --counts ${COUNTS:-2,4} --lrs 1e-4)
+  GRID=(--tasks lv,rv,myo --counts ${COUNTS:-2,4} --lrs ${LRS:-1e-4})
   ONLY=(--only "${ONLY:-[\"*\"]}")
   FIRST=${SEEDS:-0,1}; FIRST=${FIRST%%,*}
   case $PHASE in
@@ -136,3 +136,7 @@ exit 0
 # As run (commit 8d19947, one nvidia-h100-x2 lease, 2 x H100): n.sh 588 p1 (563 s), n.sh 588 p2 (569 s; its results
 # tar went over 16 MiB and did not come back), JOBS=10 n.sh 580 p3 (460 s; the command re-made the tar without files
 # over 300 kB, as this file now does). Device time: 1,649 of 1,800 s.
+# As run (commit 0ba48f5, one nvidia-h100-x2 lease, 2 x H100; calls Q, ninth session), each call with
+#   SEEDS=2 COUNTS=1,2,4 ONLY='["pre_*", "*_n2_*", "*_n4_*", "*_rv_n1_*", "*_myo_n1_*"]':
+#   n.sh 588 p1 (564 s), JOBS=10 n.sh 588 p3 (565 s), JOBS=10 n.sh 500 p3 (85 s), timeout 370 n.sh 380 prof (177 s).
+#   Device time 1,447 s. Then, on a one-GPU lease (nvidia-h100-x1, commit f4364a9): n.sh 330 padab (237 s).
