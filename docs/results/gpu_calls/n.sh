@@ -25,6 +25,8 @@
 #   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
 #       graphs (GPU 1), each alone on its GPU.
 #   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
+#   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
+#       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -109,6 +111,22 @@ padab)  # ninth session: MONAI's decoder pad against UpCatPadIfNeeded, the bundl
       --profile $OUT/ops_$pad.txt --profile_steps 20 --out $OUT/bench_$pad.json > $OUT/bench_$pad.log 2>&1
     grep -E '"(ms_per_step|images_per_s|gpu_busy_share|channels_last)"' $OUT/bench_$pad.json
   done; exit 0 ;;
+bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
+  # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
+  # validation) in the default compile mode, then under CUDA graphs: does it run, and how long is an epoch?
+  (for det in True False; do
+     CUDA_VISIBLE_DEVICES=0 python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False \
+       --iterations 100 --cudnn_deterministic $det --out $OUT/bench_det_$det.json > $OUT/bench_det_$det.log 2>&1
+   done) &
+  (for mode in None reduce-overhead; do
+     CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) / 2 - 10 )) python -m monai.bundle run \
+       --config_file bundles/meanteacher_seg/configs/train.json --dataset_dir $D --task lv --labelled_scans 1 \
+       --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 --compile_mode $mode --progress_bar False \
+       --output_dir /tmp/w/mt_$mode > /tmp/w/mt_$mode.log 2>&1; echo "meanteacher_seg compile_mode $mode: rc $?"
+     grep -hE "Complete. Time taken|Key metric|ERROR|Error" /tmp/w/mt_$mode.log | tail -n 8
+   done) > $OUT/mt_cudagraphs.log 2>&1 &
+  wait; grep -hE '"(ms_per_step|images_per_s|cudnn_deterministic)"' $OUT/bench_det_*.json; cat $OUT/mt_cudagraphs.log
+  exit 0 ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
