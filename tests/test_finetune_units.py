@@ -382,3 +382,35 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
         assert torch.equal(first, torch.rand(2))
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is_cross_entropy():
+    """``train#trainer#loss_function`` is what the fine-tuning step minimises (a MONAI loss works as an override);
+    both training bundles default to the paper's cross-entropy."""
+    import torch.nn.functional as F
+    from monai.bundle import ConfigParser
+    from monai.losses import DiceCELoss
+
+    from bim_common.segmentation import SegmentationAugment, labelled_cross_entropy, supervised_loss
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=SMALL)
+    batch = {"image": torch.rand(2, 1, 48, 48), "label": torch.randint(0, 2, (2, 1, 48, 48)).to(torch.uint8)}
+
+    def run(loss_function=labelled_cross_entropy):
+        augment = SegmentationAugment(crop_size=32, generator=torch.Generator().manual_seed(1))
+        return supervised_loss(net, batch, augment, bf16=False, loss_function=loss_function)
+
+    ce, dice_ce = run(), run(DiceCELoss(to_onehot_y=True, softmax=True))
+    assert torch.allclose(ce["loss"], F.cross_entropy(ce["pred"], ce["label"][:, 0]))
+    assert float(dice_ce["loss"]) > float(ce["loss"]) + 0.1  # the Dice term was added (same augmentation, same net)
+    for bundle in ("finetune_seg", "meanteacher_seg"):
+        sys.path.insert(0, str(ROOT / "bundles" / bundle))  # MONAI puts the bundle folder on sys.path in run()
+        try:
+            parser = ConfigParser()
+            parser.read_config(str(ROOT / "bundles" / bundle / "configs" / "train.json"))
+            assert parser.get_parsed_content("train#trainer#loss_function") is labelled_cross_entropy
+            if bundle == "meanteacher_seg":  # the semi-supervised step's labelled term is that same loss
+                assert parser["train#step#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
+        finally:
+            sys.path.remove(str(ROOT / "bundles" / bundle))

@@ -405,3 +405,28 @@ def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_f
         batch["unlabelled"] = _batch(seed=unlabelled_seed)["unlabelled"] * 3.0
         preds.append(step(net, batch, 0)["pred"])
     assert torch.allclose(preds[0], preds[1], atol=1e-6) is (not joint)
+
+
+@pytest.mark.parametrize("method", ss.METHODS)
+def test_every_method_takes_its_labelled_term_from_supervised_loss_function(method):
+    """The bundles' ``loss_function`` reaches the labelled term of every method: called with fp32 logits
+    [B_l, C, h, w] and class indices [B_l, 1, h, w]; its value is ``loss_sup``. The default is cross-entropy."""
+    from bim_common.segmentation import labelled_cross_entropy
+
+    calls = []
+
+    def recording_loss(logits, label):
+        calls.append((logits.dtype, tuple(logits.shape), tuple(label.shape)))
+        return labelled_cross_entropy(logits, label) + 1.0  # shifted: only this function gives the +1
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    extra = {}
+    if method == "adversarial":
+        disc = ss.PredictionDiscriminator(2, features=(8, 16))
+        extra = dict(discriminator=disc, discriminator_optimizer=torch.optim.SGD(disc.parameters(), lr=0.1))
+    plain = _step(method, net, **extra)
+    assert plain.supervised_loss_function is labelled_cross_entropy
+    out = _step(method, net, supervised_loss_function=recording_loss, **extra)(net, _batch(), 0)
+    assert calls and all(c == (torch.float32, (2, 2, 32, 32), (2, 1, 32, 32)) for c in calls)
+    assert float(out["loss_sup"]) > 1.0  # cross-entropy of 2 classes at init is ~0.7: the +1 came through

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -235,19 +235,28 @@ class SegmentationAugment:
         return x, warp(label, mats, out_hw, mode="nearest")
 
 
+def labelled_cross_entropy(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """The paper's fine-tuning loss: pixel-wise cross-entropy of ``logits`` [B, C, H, W] (fp32) against the class
+    indices ``label`` [B, 1, H, W], MONAI's channel-first label layout. Any loss with this signature can take its
+    place through the bundles' ``loss_function`` (e.g. ``monai.losses.DiceCELoss(to_onehot_y=True, softmax=True)``)."""
+    return F.cross_entropy(logits, label[:, 0].long())
+
+
 def supervised_loss(
     network: nn.Module,
     batch: Mapping[str, torch.Tensor],
     augment: SegmentationAugment,
     bf16: bool = True,
+    loss_function: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = labelled_cross_entropy,
 ) -> dict[str, torch.Tensor]:
     """One labelled step without the optimiser: augment ``batch`` (``image`` [B, 1, H, W], ``label``
-    [B, 1, H, W] class indices), forward under bf16 autocast (CUDA only), cross-entropy in fp32.
-    Returns ``loss`` (scalar), ``image``, ``label`` ([B, 1, h, w] long) and ``pred`` (logits, fp32)."""
+    [B, 1, H, W] class indices), forward under bf16 autocast (CUDA only), ``loss_function(logits, label)`` in fp32
+    (cross-entropy by default). Returns ``loss`` (scalar), ``image``, ``label`` ([B, 1, h, w] long) and ``pred``
+    (logits, fp32)."""
     image, label = augment(batch["image"], batch["label"])
     with bf16_autocast(image.device, bf16):
         logits = network(image)
     logits = logits.float()
     label = label.long()
-    loss = F.cross_entropy(logits, label[:, 0])
+    loss = loss_function(logits, label)
     return {"loss": loss, "image": image, "label": label, "pred": logits}

@@ -41,6 +41,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from .data import RandomSliceSampler, SliceStore
 from .engine import bf16_autocast
 from .gpu_augment import random_affine_matrices, random_intensity_jitter, warp
+from .segmentation import labelled_cross_entropy
 
 METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
 TEACHER_METHODS = ("mean_teacher", "ua_mt", "ict")
@@ -225,6 +226,8 @@ class SemiSupervisedStep:
     random similarity A (rotation, zoom, flips). ``consistency_on_labelled`` adds the labelled images to the
     Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher). Call it with ``student``, the
     batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
+    ``supervised_loss_function(logits, label)`` is the labelled term (default :func:`labelled_cross_entropy`; the
+    bundle passes its ``train#trainer#loss_function``).
     """
 
     def __init__(
@@ -251,6 +254,7 @@ class SemiSupervisedStep:
         channels_last: bool = True,
         teacher_batch_stats: bool = True,
         joint_student_batch: bool = False,
+        supervised_loss_function=None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -276,6 +280,7 @@ class SemiSupervisedStep:
         self.bf16, self.channels_last = bool(bf16), bool(channels_last)
         self.teacher_batch_stats = bool(teacher_batch_stats)
         self.joint_student_batch = bool(joint_student_batch)
+        self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
 
     # ---- helpers
 
@@ -381,7 +386,7 @@ class SemiSupervisedStep:
     def _supervised(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
         logits = self._forward(student, x)
-        return {"loss_sup": F.cross_entropy(logits, y[:, 0].long()), "loss_reg": logits.new_zeros(()),
+        return {"loss_sup": self.supervised_loss_function(logits, y), "loss_reg": logits.new_zeros(()),
                 "image": x, "label": y, "pred": logits}
 
     def _consistency(self, student, batch, iteration, uncertainty: bool):
@@ -405,7 +410,7 @@ class SemiSupervisedStep:
             terms.update(threshold=threshold, certain_fraction=(certain * mask).sum() / mask.sum().clamp_min(1))
             mask = mask * certain
         terms.update(
-            loss_sup=F.cross_entropy(logits[:b_l], y[:, 0].long()),
+            loss_sup=self.supervised_loss_function(logits[:b_l], y),
             loss_reg=softmax_mse(student_logits, prob_t, mask),
             image=s_l, label=y, pred=logits[:b_l],
         )
@@ -430,7 +435,7 @@ class SemiSupervisedStep:
         x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.ict_alpha)
         logits = self._student(student, x, x_mix)
         b_l = x.shape[0]
-        return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
+        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
                 "loss_reg": softmax_mse(logits[b_l:], target),
                 "image": x, "label": y, "pred": logits[:b_l]}
 
@@ -439,7 +444,7 @@ class SemiSupervisedStep:
         x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
         logits = self._student(student, x, x_u)
         b_l = x.shape[0]
-        return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()), "loss_reg": entropy_loss(logits[b_l:]),
+        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y), "loss_reg": entropy_loss(logits[b_l:]),
                 "image": x, "label": y, "pred": logits[:b_l]}
 
     def _mixup(self, student, batch, iteration, w):
@@ -448,7 +453,7 @@ class SemiSupervisedStep:
         onehot = F.one_hot(y[:, 0].long(), self.num_classes).permute(0, 3, 1, 2).float()
         x_mix, target, _, _ = self.mix_pairs(x, onehot, self.mixup_alpha)
         logits = self._student(student, x, x_mix)
-        return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
+        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
                 "loss_reg": soft_cross_entropy(logits[b_l:], target),
                 "image": x, "label": y, "pred": logits[:b_l]}
 
@@ -459,7 +464,7 @@ class SemiSupervisedStep:
         b_l = x.shape[0]
         prob = torch.softmax(logits, dim=1)
         d_u = self.discriminator(prob[b_l:])  # generator term: unlabelled predictions should look labelled
-        return {"loss_sup": F.cross_entropy(logits[:b_l], y[:, 0].long()),
+        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
                 "loss_reg": F.binary_cross_entropy_with_logits(d_u, torch.ones_like(d_u)),
                 "image": x, "label": y, "pred": logits[:b_l],
                 "_prob_labelled": prob[:b_l].detach(), "_prob_unlabelled": prob[b_l:].detach()}
