@@ -557,3 +557,35 @@ def test_ablation_rows_average_over_seeds_and_render(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     # ablation runs stay out of Table 1
     assert rr.table(rows)[0] == []
+
+
+def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_same_cells():
+    def row(method, task, n, seed, dice):
+        return {"method": method, "task": task, "labelled_scans": n, "seed": seed, "test_dice": dice / 100.0}
+
+    rows = [row("Baseline", "lv", 1, 0, 50.0), row("Baseline", "lv", 1, 1, 60.0), row("Baseline", "rv", 2, 0, 40.0),
+            row("Contrast (Enc) + Ours (Dec)", "lv", 1, 0, 80.0), row("Contrast (Enc) + Ours (Dec)", "lv", 1, 1, 55.0),
+            row("Contrast (Enc) + Ours (Dec)", "rv", 2, 0, 70.0), row("Contrast (Enc) + Ours (Dec)", "rv", 4, 0, 90.0),
+            row("Baseline [long]", "lv", 1, 0, 45.0), row("Ours (Dec) MI+CC [x]", "lv", 1, 0, 47.0)]
+    lines = rr.paired_table(rows, {"Ours (Dec) MI+CC [x]": "Baseline [long]"})
+    full = next(line for line in lines if line.startswith("| Contrast (Enc) + Ours (Dec) |"))
+    # 3 pairs (RV 4 has no baseline run): +30, -5, +30 -> 2 wins, mean +18.3; paper: LV 1 twice, RV 2 once
+    paper = ((84.48 - 67.13) * 2 + (79.73 - 60.50)) / 3
+    assert full == f"| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | +18.3 (-5.0 to +30.0) | {paper:+.1f} |"
+    ours = next(line for line in lines if line.startswith("| Ours (Dec) MI+CC [x] |"))
+    assert "| Baseline [long] | 1 | 1 | +2.0 (+2.0 to +2.0) | +16.9 |" in ours  # 84.04 - 67.13, the paper's rows
+    assert any(line.startswith("| Baseline [long] | Baseline | 1 | 0 | -5.0") and line.endswith("| – |") for line in lines)
+    assert rr.paired_table([r for r in rows if r["method"] != "Baseline"]) == []  # no reference runs: no table
+
+
+def test_report_refuses_pair_with_labels_that_are_not_rows(tmp_path):
+    fields = ["name", "kind", "method", "task", "labelled_scans", "seed", "lr", "paper_lr", "test_dice", "val_dice"]
+    path = tmp_path / "r.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerow(dict(name="a", kind="finetune", method="Baseline", task="lv", labelled_scans=1, seed=0, lr=1e-4,
+                        paper_lr=1e-4, test_dice=0.5, val_dice=0.5))
+    with pytest.raises(rr.ReportError, match="pair_with names \\['Baseline \\[nope\\]'\\]"):
+        rr.write_report([path], tmp_path / "out", pair_with={"Baseline": "Baseline [nope]"})
+    assert not (tmp_path / "out").exists()  # refused before anything was written

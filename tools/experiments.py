@@ -780,23 +780,26 @@ class CLI:
         print(collect(work_dir, csv_path))
 
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
-               methods=None, relabel=None, paper_lr: float | None = None, per_scan=None) -> None:
+               methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None) -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
         paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
         ``paper_lr``: one LR for every row of the paper-protocol table, in place of each preset's; ``per_scan``:
-        the ``*_per_scan.csv`` files ``collect`` writes, for a table of the hardest test scans)."""
+        the ``*_per_scan.csv`` files ``collect`` writes, for a table of the hardest test scans; ``pair_with``: the
+        reference of a row in the run-for-run table, ``'{"Ours [pre10k]": "Baseline [long]"}'``; default Baseline)."""
         from results_report import write_report
 
         if relabel is not None and not isinstance(relabel, dict):
             raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
+        if pair_with is not None and not isinstance(pair_with, dict):
+            raise ExperimentError(f"pair_with must be a JSON object of labels, method -> reference; got {pair_with!r}")
         def path_list(value):  # fire keeps "[a.csv, b.csv]" (names with dots) as one string
             if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
                 value = [x.strip().strip("'\"") for x in value[1:-1].split(",") if x.strip()]
             return [value] if isinstance(value, str) else list(value)
         for p in write_report(path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
                               paper_lr=None if paper_lr is None else float(paper_lr),
-                              per_scan=path_list(per_scan) if per_scan else None):
+                              per_scan=path_list(per_scan) if per_scan else None, pair_with=pair_with):
             print(p)
 
 

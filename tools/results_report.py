@@ -235,6 +235,39 @@ def gap_table(methods, columns, cells) -> str:
     return "\n".join(lines)
 
 
+def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
+    """Each method against its reference run for run: a pair shares structure, labelled scans and seed (so the same
+    labelled scans). The reference is ``reference`` unless ``pair_with`` names another for the method (a tagged
+    row against the baseline run with the same tag's settings). Per method: pairs, wins, the mean paired gain with
+    its range, and the paper's gain over the same pairs' cells. Empty when no method has a pair."""
+    pair_with = dict(pair_with or {})
+    dice = {(r["method"], r["task"], r["labelled_scans"], r["seed"]): 100.0 * r["test_dice"]
+            for r in rows if not r.get("ablation")}
+    present = {k[0] for k in dice}
+    methods = [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+    lines = []
+    for m in methods:
+        ref = pair_with.get(m, reference)
+        if ref == m or ref not in present:
+            continue
+        pairs = [(k, v - dice[(ref, *k[1:])]) for k, v in dice.items() if k[0] == m and (ref, *k[1:]) in dice]
+        if not pairs:
+            continue
+        gains = [g for _, g in pairs]
+        ours, theirs = PAPER_TABLE1.get(m.split(" [")[0], {}), PAPER_TABLE1.get(ref.split(" [")[0], {})
+        paper = [ours.get(k[1], {}).get(k[2], math.nan) - theirs.get(k[1], {}).get(k[2], math.nan) for k, _ in pairs]
+        same_row = m.split(" [")[0] == ref.split(" [")[0]
+        paper_text = "–" if same_row or any(math.isnan(x) for x in paper) else f"{sum(paper) / len(paper):+.1f}"
+        lines.append(f"| {m} | {ref} | {len(pairs)} | {sum(g > 0 for g in gains)} | {sum(gains) / len(gains):+.1f} "
+                     f"({min(gains):+.1f} to {max(gains):+.1f}) | {paper_text} |")
+    if not lines:
+        return []
+    return ["Run for run against a reference (same structure, labelled scans and seed, so the same labelled scans); "
+            "the paper's gain is its Table 1 difference over the same pairs' cells:", "",
+            "| method | against | pairs | wins | mean gain (range) | paper's gain |", "|---|---|---|---|---|---|",
+            *lines, ""]
+
+
 def _save(fig, path: Path) -> Path:
     """``fig`` as a 256-colour PNG (small enough to commit), written atomically."""
     from PIL import Image
@@ -461,12 +494,14 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 
 
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
-                 paper_lr: float | None = None, per_scan=None) -> list[Path]:
+                 paper_lr: float | None = None, per_scan=None, pair_with=None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
     ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's.
-    ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans."""
+    ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans.
+    ``pair_with``: ``{method: reference}`` for the run-for-run table (see :func:`paired_table`; default reference
+    ``Baseline``), labels as after ``relabel``."""
     scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
     rows = read_rows(csv_paths)
     if methods is not None:
@@ -481,6 +516,10 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     if not seg:
         raise ReportError(f"{[str(p) for p in csv_paths]}: no fine-tuning results to report")
     moved = relabel_rows(rows, dict(relabel)) if relabel else []
+    labels = {r["method"] for r in seg}
+    unknown = sorted((set(pair_with or {}) | set((pair_with or {}).values())) - labels)
+    if unknown:
+        raise ReportError(f"pair_with names {unknown}, which are not rows of this report; rows: {sorted(labels)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, md = [], [f"# {title}", "", "3D Dice x 100 on the test scans, mean (std over seeds); `n=` when a cell "
@@ -505,7 +544,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
                + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
                markdown_table(methods, columns, cells), "", "Our mean minus the paper's (Dice points):", "",
-               gap_table(methods, columns, cells), ""]
+               gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with)]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
         if png:
             written.append(png)
