@@ -25,6 +25,7 @@
 #   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
 #       graphs (GPU 1), each alone on its GPU.
 #   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
+#   abl (prepared, not run; 2 GPUs, about 2 calls): the alpha ablation, 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes.
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
@@ -111,6 +112,13 @@ padab)  # ninth session: MONAI's decoder pad against UpCatPadIfNeeded, the bundl
       --profile $OUT/ops_$pad.txt --profile_steps 20 --out $OUT/bench_$pad.json > $OUT/bench_$pad.log 2>&1
     grep -E '"(ms_per_step|images_per_s|gpu_busy_share|channels_last)"' $OUT/bench_$pad.json
   done; exit 0 ;;
+abl)  # prepared in the ninth session, not run (2 GPUs, about 2 calls: run the phase again until all is done).
+  # The alpha ablation at 1 labelled LV scan, seeds 0-2: acdc_ablation_fast with call M5's 5,000 pre-training
+  # iterations ([pre5k]: 25 x 200, warm-up 5), which recovered most of the full method's gain (LV 69.6 against 44.8
+  # after 2,000), then the fast preset's fine-tuning at 1e-4. Five pre-trainings, 15 fine-tunes, one runner.
+  PRESET=acdc_ablation_fast; PNG_RUNS=abl
+  runner abl 0,1 --gpus 2 --jobs ${JOBS:-10} --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --tag pre5k \
+    --pretrain_overrides '{"epochs": 25, "warmup_epochs": 5}' --only "${ONLY:-[\"*alpha*\"]}" ;;
 bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
   # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
   # validation) in the default compile mode, then under CUDA graphs: does it run, and how long is an epoch?
@@ -130,7 +138,7 @@ bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step 
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper; do
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl; do
   [ -d $W/$r ] && python tools/experiments.py collect $W/$r > /dev/null 2>&1 &&
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
