@@ -589,3 +589,27 @@ def test_report_refuses_pair_with_labels_that_are_not_rows(tmp_path):
     with pytest.raises(rr.ReportError, match="pair_with names \\['Baseline \\[nope\\]'\\]"):
         rr.write_report([path], tmp_path / "out", pair_with={"Baseline": "Baseline [nope]"})
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_group_tables_split_the_test_dice_by_patient_group_and_detail_one_group(tmp_path):
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text(json.dumps({
+        "test": [{"scan": "p1_ED", "group": "NOR"}, {"scan": "p2_ED", "group": "DCM"}, {"scan": "p3_ED", "group": "DCM"}],
+        "labelled_seed0_1": [{"scan": "p9_ES", "group": "HCM"}]}))
+    scan_group, labelled = rr.read_groups(datalist)
+    assert scan_group == {"p1_ED": "NOR", "p2_ED": "DCM", "p3_ED": "DCM"} and labelled == {"labelled_seed0_1": ["HCM"]}
+    rows = [{"name": "b", "method": "Baseline", "task": "rv", "labelled_scans": 1, "seed": 0},
+            {"name": "f", "method": "Contrast (Enc) + Ours (Dec)", "task": "rv", "labelled_scans": 1, "seed": 0}]
+    per_scan = {"b": [("p1_ED", 0.10), ("p2_ED", 0.50), ("p3_ED", 0.70)], "f": [("p1_ED", 0.60), ("p2_ED", 0.80), ("p3_ED", 0.90)]}
+    md = rr.group_tables(rows, per_scan, scan_group, labelled, focus="NOR")
+    assert "| DCM (2) | 60.0 | 85.0 |" in md and "| NOR (1) | 10.0 | 60.0 |" in md
+    assert "| RV | 1 | 0 | HCM | 10 / 60 | 60 / 85 |" in md  # NOR / the others, with the labelled scan's group
+    with pytest.raises(rr.ReportError, match="group 'MINF' is not among"):
+        rr.group_tables(rows, per_scan, scan_group, labelled, focus="MINF")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"test": [{"scan": "p1_ED"}]}))
+    with pytest.raises(rr.ReportError, match="bad.json: expected a 'test' list whose items have 'scan' and 'group'"):
+        rr.read_groups(bad)
+    with pytest.raises(rr.ReportError, match="need per_scan"):
+        rr.write_report([tmp_path / "none.csv"], tmp_path / "out", groups=str(datalist))
+    assert not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ seed, the LR of the grid with the best validation Dice; its test Dice is reporte
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import statistics
@@ -141,6 +142,67 @@ def hardest_scans(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]]
                 v = [mean[(m, sc)] for sc in scans[worst:] if (m, sc) in mean]
                 ranges.append(f"{min(v):.1f}–{max(v):.1f}" if v else "–")
             md.append(f"| the other {len(scans) - worst} scans | " + " | ".join(ranges) + " |")
+        md.append("")
+    return md
+
+
+def read_groups(datalist_path) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """From a data_prep ``datalist.json``: scan -> patient group (ACDC's ``Info.cfg`` Group: DCM, HCM, MINF, NOR,
+    RV) for the test scans, and labelled subset key (``labelled_seed{S}_{N}``) -> the groups of its scans."""
+    path = Path(datalist_path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{path}: cannot read the datalist ({e}); expected data_prep's datalist.json") from None
+    items = data.get("test") if isinstance(data, dict) else None
+    if not items or any(not isinstance(it, dict) or "scan" not in it or "group" not in it for it in items):
+        raise ReportError(f"{path}: expected a 'test' list whose items have 'scan' and 'group' (data_prep acdc writes them)")
+    labelled = {k: [it.get("group", "?") for it in v] for k, v in data.items()
+                if k.startswith("labelled_seed") and isinstance(v, list)}
+    return {it["scan"]: it["group"] for it in items}, labelled
+
+
+def group_tables(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]], scan_group: dict[str, str],
+                 labelled: dict[str, list[str]], focus: str | None = None) -> list[str]:
+    """Markdown: per structure, each method's test Dice x 100 on each patient group (mean over its runs' scans of
+    that group). With ``focus`` (a group), one row per structure, labelled count and seed: the groups of the
+    labelled scans, then each method's Dice on the ``focus`` group / on the other scans."""
+    md, fmean = [], statistics.fmean
+    runs = [r for r in rows if not r.get("ablation") and r.get("name") in per_scan]
+    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in runs)]
+    methods += sorted({r["method"] for r in runs} - set(methods))
+    groups = sorted(set(scan_group.values()))
+    for task, title in TASK_COLUMNS:
+        values = defaultdict(list)
+        for r in (r for r in runs if r["task"] == task):
+            for scan, dice in per_scan[r["name"]]:
+                if scan in scan_group:
+                    values[(r["method"], scan_group[scan])].append(100.0 * dice)
+        if not values:
+            continue
+        counts = {g: sum(1 for sc, gg in scan_group.items() if gg == g) for g in groups}
+        md += [f"**{title}**", "", "| group (test scans) | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 1)]
+        md += [f"| {g} ({counts[g]}) | " + " | ".join(f"{fmean(values[(m, g)]):.1f}" if values.get((m, g)) else "–"
+                                                      for m in methods) + " |" for g in groups]
+        md.append("")
+    if focus:
+        if focus not in groups:
+            raise ReportError(f"group {focus!r} is not among the test scans' groups {groups}")
+        md += [f"Dice × 100 on the {focus} test scans / on the other test scans, per run:", "",
+               "| structure | labelled scans | seed | their groups | " + " | ".join(methods) + " |",
+               "|" + "---|" * (len(methods) + 4)]
+        cells = defaultdict(dict)
+        for r in runs:
+            dice = per_scan[r["name"]]
+            inside = [100.0 * d for sc, d in dice if scan_group.get(sc) == focus]
+            outside = [100.0 * d for sc, d in dice if sc in scan_group and scan_group[sc] != focus]
+            if inside and outside:
+                cells[(r["task"], r["labelled_scans"], r["seed"])][r["method"]] = f"{fmean(inside):.0f} / {fmean(outside):.0f}"
+        order = {t: i for i, (t, _) in enumerate(TASK_COLUMNS)}
+        for (task, n, seed), by_method in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2])):
+            sub = ", ".join(labelled.get(f"labelled_seed{seed}_{n}", ["?"]))
+            md.append(f"| {dict(TASK_COLUMNS)[task]} | {n} | {seed} | {sub} | "
+                      + " | ".join(by_method.get(m, "–") for m in methods) + " |")
         md.append("")
     return md
 
@@ -494,15 +556,22 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 
 
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
-                 paper_lr: float | None = None, per_scan=None, pair_with=None) -> list[Path]:
+                 paper_lr: float | None = None, per_scan=None, pair_with=None, groups=None,
+                 group_focus: str | None = None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
     ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's.
     ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans.
     ``pair_with``: ``{method: reference}`` for the run-for-run table (see :func:`paired_table`; default reference
-    ``Baseline``), labels as after ``relabel``."""
+    ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
+    patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`)."""
     scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
+    group_info = read_groups(groups) if groups else None
+    if group_info and group_focus and group_focus not in set(group_info[0].values()):
+        raise ReportError(f"group_focus {group_focus!r} is not among the test scans' groups {sorted(set(group_info[0].values()))}")
+    if (groups or group_focus) and not scan_dice:
+        raise ReportError("groups and group_focus need per_scan (the per-scan CSVs that collect writes)")
     rows = read_rows(csv_paths)
     if methods is not None:
         wanted = [methods] if isinstance(methods, str) else list(methods)
@@ -555,6 +624,10 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
                "Test 3D Dice x 100 of each scan, each method's mean over its runs (every labelled count and seed); "
                "the 5 scans with the lowest mean over the methods, lowest first, then the other scans' range.", "",
                *hardest]
+    if group_info:
+        md += ["## Test Dice by patient group (the paper-protocol runs that have per-scan Dice)", "",
+               f"Groups from `{Path(groups).name}` (ACDC's Info.cfg); each method's mean over its runs' scans of the group.", "",
+               *group_tables(select(seg, "paper", paper_lr), scan_dice, *group_info, focus=group_focus)]
     methods = [m for m in METHOD_ORDER if m in PAPER_TABLE1]
     paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
     md += ["## The paper's Table 1 (mean of 3 seeds, its full protocol)", "",
