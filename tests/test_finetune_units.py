@@ -380,6 +380,11 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
         first = torch.rand(2)
         parser.get_parsed_content("initialize", lazy=False)  # run again (not from the cache): seeded again, the same draw
         assert torch.equal(first, torch.rand(2))
+        for name in ("train.json", "multi_gpu_train.json", "evaluate.json"):  # one definition, used by every entry point
+            path = ROOT / "bundles" / bundle / "configs" / name
+            initialize = json.loads(path.read_text()).get("initialize") if path.exists() else None
+            if initialize is not None:  # a file without its own list runs train.json's
+                assert "@determinism" in initialize, name
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
