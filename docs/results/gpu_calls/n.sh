@@ -28,6 +28,10 @@
 #   abl (prepared, not run; 2 GPUs, about 2 calls): the alpha ablation, 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes.
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
+#   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): one runner (run_plan) for two grids,
+#       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
+#       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
+#       autotuned (benchmark_pretrain, 100 iterations), on both GPUs at once, then swapped.
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -36,6 +40,10 @@ left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
 LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
+bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JSON and log to $OUT
+  python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False --iterations 100 \
+    --cudnn_deterministic $1 --out $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.json > $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.log 2>&1
+}
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
   CUDA_VISIBLE_DEVICES=$gpus timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run $PRESET \
@@ -135,10 +143,27 @@ bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step 
    done) > $OUT/mt_cudagraphs.log 2>&1 &
   wait; grep -hE '"(ms_per_step|images_per_s|cudnn_deterministic)"' $OUT/bench_det_*.json; cat $OUT/mt_cudagraphs.log
   exit 0 ;;
+r)  # tenth session, see the header
+  cat > /tmp/w/r_plan.json <<'PLAN'
+[{"preset": "acdc_ablation_fast", "tasks": "lv", "counts": 1, "seeds": [0, 1, 2], "lrs": [1e-4], "tag": "pre5k",
+  "pretrain_overrides": {"epochs": 25, "warmup_epochs": 5}, "only": ["*alpha*"]},
+ {"preset": "acdc_paper", "tasks": "rv", "counts": 1, "seeds": [0, 1, 2], "lrs": [2e-5, 5e-4], "methods": "Baseline"}]
+PLAN
+  PNG_RUNS=r
+  CUDA_VISIBLE_DEVICES=0,1 timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan /tmp/w/r_plan.json \
+    --dataset_dir $D --work_dir $W/r --gpus 2 --jobs ${JOBS:-12} >> $W/r.out 2>&1
+  if [ $(left) -gt 240 ] && grep -q "^done" $W/r.out; then  # the cuDNN A/B, each setting once on each GPU
+    for first in 0 1; do
+      CUDA_VISIBLE_DEVICES=$first bench_det True &
+      CUDA_VISIBLE_DEVICES=$(( 1 - first )) bench_det False &
+      wait
+    done
+    grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
+  fi ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl; do
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl r; do
   [ -d $W/$r ] && python tools/experiments.py collect $W/$r > /dev/null 2>&1 &&
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
