@@ -552,11 +552,28 @@ def test_ablation_rows_average_over_seeds_and_render(tmp_path):
     rows = [_row("Contrast (Enc) + Ours (Dec)", "lv", 1, s, 1e-4, 0.5, d, ablation="alpha", ablation_value=a)
             for a, ds in ((0.0, (0.2, 0.4)), (0.5, (0.6, 0.8))) for s, d in enumerate(ds)]
     abl = rr.ablation_rows(rows)
-    assert [(p[0], round(p[1], 6), p[3]) for p in abl["alpha"]] == [(0.0, 30.0, 2), (0.5, 70.0, 2)]
+    assert [(p[0], round(p[1], 6), p[3]) for p in abl[("alpha", "lv", 1)]] == [(0.0, 30.0, 2), (0.5, 70.0, 2)]
     png = rr.plot_ablations(abl, tmp_path / "ablations.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+    # the table puts the paper's ablation row of the same cell beside ours (its Table "Impact of alpha", LV 1 scan)
+    md = rr.ablation_tables(abl)
+    assert md[:4] == ["| alpha | 0 | 0.5 |", "|---|---|---|", "| LV, 1 scan, ours | 30.00 (10.00, n=2) | **70.00** (10.00, n=2) |",
+                      "| LV, 1 scan, paper | 61.58 | 84.04 |"]
+    assert rr.paper_ablation("num_clusters", "rv", 4, 60) == 76.39 and rr.paper_ablation("alpha", "lv", 1, 0.3) is None
     # ablation runs stay out of Table 1
     assert rr.table(rows)[0] == []
+
+
+def test_ablation_pretrainings_are_labelled_and_ordered_by_their_value():
+    def pre(name, ablation="", **extra):
+        return {"name": name, "kind": "pretrain", "variant": "full", "tag": "pre5k", "ablation": ablation, **extra}
+
+    rows = [pre("pre_full_alpha1", "alpha1", alpha="1.0"), pre("pre_full"), pre("pre_full_k5", "num_clusters5"),
+            pre("pre_full_alpha0.25", "alpha0.25", alpha="0.25")]
+    assert [r["name"] for r in rr.sorted_pretrains(rows)] == ["pre_full", "pre_full_alpha0.25", "pre_full_alpha1",
+                                                              "pre_full_k5"]
+    assert rr._pretrain_label(rows[3], " ").endswith("(full) [pre5k] alpha=0.25")
+    assert rr._pretrain_label(rows[2], " ").endswith("K=5") and rr._pretrain_label(rows[1], " ").endswith("[pre5k]")
 
 
 def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_same_cells():

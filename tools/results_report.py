@@ -7,7 +7,8 @@
 - the ablations (alpha, lambda_CC, K) when the CSV holds them;
 - with ``per_scan`` (``collect``'s ``*_per_scan.csv``), the test scans where the methods fail;
 and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
-of the pre-training variants side by side, as the paper's Figure 3) and ``ablations.png``.
+of the pre-training variants side by side, as the paper's Figure 3), ``ablations.png`` (ours against the paper's
+ablation tables, ``PAPER_ABLATIONS``) and ``cluster_panels_ablations.png`` (one panel per ablation value).
 
 Two protocols are reported for every fine-tune: **paper LR** (every method at the preset's ``paper_lr``, the
 paper's protocol of one LR for all) and **LR chosen on validation** (for each method, task, labelled count and
@@ -46,6 +47,30 @@ PAPER_TABLE1 = {
 METHOD_ORDER = ("Baseline", "IIC (Dec)", "Contrast (Enc)", "Contrast (Enc+Dec)", "Ours (Dec) MI+CC",
                 "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours")
 ABLATION_LABELS = {"alpha": "alpha", "lambda_cc": "lambda_CC", "num_clusters": "K"}
+# The paper's ablation tables (its Tables "Impact of alpha", "Impact of L_CC", "Impact of K"; 3D Dice x 100, ACDC,
+# Ours (Dec) MI+CC, the value it fixes elsewhere being alpha 0.5, lambda_CC 1, K 40): key -> task -> labelled scans
+# -> {value: Dice}. Columns per task: 1, 2 and 4 labelled scans.
+_PAPER_ABLATION_ROWS = {
+    "alpha": {0.0: ((61.58, 78.09, 81.27), (31.95, 23.50, 41.64), (54.74, 58.15, 69.45)),
+              0.25: ((84.36, 87.68, 89.32), (38.98, 59.73, 59.39), (76.93, 79.59, 81.97)),
+              0.5: ((84.04, 88.52, 89.31), (76.86, 79.13, 75.92), (76.27, 79.81, 82.36)),
+              0.75: ((82.02, 87.81, 89.03), (76.76, 79.41, 75.49), (73.14, 78.79, 81.79)),
+              1.0: ((81.31, 85.58, 88.66), (73.34, 76.37, 70.44), (71.90, 79.47, 81.22))},
+    "lambda_cc": {0.0: ((83.63, 86.94, 89.33), (66.63, 73.78, 73.85), (73.65, 77.39, 81.92)),
+                  0.1: ((80.54, 85.40, 87.80), (66.99, 76.00, 75.33), (72.62, 77.03, 81.39)),
+                  1.0: ((84.04, 88.52, 89.31), (76.86, 79.13, 75.92), (76.93, 79.59, 81.97)),
+                  4.0: ((78.36, 84.60, 85.48), (70.84, 75.39, 70.88), (73.74, 76.65, 81.33))},
+    "num_clusters": {5: ((66.88, 73.95, 77.33), (49.32, 52.10, 51.74), (38.52, 48.18, 49.25)),
+                     10: ((81.00, 86.11, 87.73), (70.75, 74.37, 71.78), (71.16, 77.48, 80.14)),
+                     20: ((69.72, 73.37, 74.68), (59.63, 63.13, 54.00), (76.03, 79.34, 82.30)),
+                     40: ((84.04, 88.52, 89.31), (76.86, 79.13, 75.92), (76.27, 79.81, 82.36)),
+                     60: ((85.25, 88.12, 89.74), (70.28, 74.78, 76.39), (75.96, 79.09, 82.68))},
+}
+PAPER_ABLATIONS = {
+    key: {task: {n: {float(v): rows[t][i] for v, rows in table.items()} for i, n in enumerate((1, 2, 4))}
+          for t, task in enumerate(("lv", "rv", "myo"))}
+    for key, table in _PAPER_ABLATION_ROWS.items()
+}
 
 
 class ReportError(ValueError):
@@ -402,8 +427,9 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     return out
 
 
-def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3) -> Path | None:
-    """The last cluster panel of each pre-training (non-ablation) side by side, first ``max_rows`` slices."""
+def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3, ablations: bool = False) -> Path | None:
+    """The last cluster panel of each pre-training side by side, first ``max_rows`` slices: the variants, or with
+    ``ablations`` the ablations' pre-trainings in the order of their values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -412,8 +438,8 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
     from PIL import Image
 
     panels = []
-    for r in pretrain_rows:
-        if r.get("ablation") or not r.get("panel") or not Path(r["panel"]).is_file():
+    for r in sorted_pretrains(pretrain_rows):
+        if bool(r.get("ablation")) != ablations or not r.get("panel") or not Path(r["panel"]).is_file():
             continue
         img = np.asarray(Image.open(r["panel"]).convert("RGB"))
         rows_in_panel = _panel_rows(img)
@@ -449,10 +475,32 @@ def tag_lines(seg_rows: list[dict]) -> list[str]:
     return md + [""]
 
 
+def _ablation_of(r: dict) -> tuple[str, float] | None:
+    """(key, value) of an ablation's pre-training (its ``ablation`` column is key and value, ``alpha0.25``, and the
+    key's own column holds the value), None for other pre-trainings."""
+    name = r.get("ablation") or ""
+    for key in ABLATION_LABELS:
+        if name.startswith(key):
+            value = r.get(key) if r.get(key) not in (None, "") else name[len(key):]
+            try:
+                return key, float(value)
+            except ValueError:
+                return None
+    return None
+
+
+def sorted_pretrains(pretrain_rows: list[dict]) -> list[dict]:
+    """The variants' pre-trainings in their given order, then the ablations' by key and value."""
+    plain = [r for r in pretrain_rows if _ablation_of(r) is None]
+    return plain + sorted((r for r in pretrain_rows if _ablation_of(r) is not None), key=_ablation_of)
+
+
 def _pretrain_label(r: dict, sep: str = "\n") -> str:
     """A pre-training's name in figures (``sep`` a newline) and tables (a space): its variant, with its tag when it
-    has one (``[pre10k]``)."""
-    return _variant_label(r.get("variant") or r["name"], sep) + (f" [{r['tag']}]" if r.get("tag") else "")
+    has one (``[pre10k]``) and an ablation's value (``alpha=0.25``)."""
+    abl = _ablation_of(r)
+    return (_variant_label(r.get("variant") or r["name"], sep) + (f" [{r['tag']}]" if r.get("tag") else "")
+            + (f"{sep}{ABLATION_LABELS[abl[0]]}={abl[1]:g}" if abl else ""))
 
 
 def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
@@ -479,7 +527,7 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
           "After the slash (pretrain_bim >= 0.2.1), the many-to-one Dice: each cluster given its majority class, the "
           "union of a structure's clusters scored. NMI between clusters and labels.", "",
           "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
-    for r in scored:
+    for r in sorted_pretrains(scored):
         md.append(f"| {_pretrain_label(r, ' ')} `{r['name']}` | " + " | ".join(cell(r, n) for n in names)
                   + f" | {float(r['cq_nmi']):.3f} |")  # the run name tells apart two pre-trainings of one label
     return md + [""]
@@ -501,18 +549,45 @@ def _panel_rows(img) -> int:
 
 
 def ablation_rows(rows: list[dict]) -> dict:
-    """ablation key -> sorted [(value, mean x 100, std x 100, n)] over seeds/tasks of the ablation runs."""
+    """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n)] over the seeds of the
+    ablation runs."""
     values = defaultdict(list)
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
-            values[(r["ablation"], float(r["ablation_value"]))].append(100.0 * r["test_dice"])
+            values[(r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"]))].append(
+                100.0 * r["test_dice"])
     out = defaultdict(list)
-    for (key, value), v in sorted(values.items()):
-        out[key].append((value, *_mean_std(v), len(v)))
+    for (key, task, n, value), v in sorted(values.items()):
+        out[(key, task, n)].append((value, *_mean_std(v), len(v)))
     return dict(out)
 
 
+def paper_ablation(key: str, task: str, n: int, value: float) -> float | None:
+    """The paper's Dice x 100 for an ablation cell (``PAPER_ABLATIONS``), None where it has none."""
+    return PAPER_ABLATIONS.get(key, {}).get(task, {}).get(n, {}).get(float(value))
+
+
+def ablation_tables(abl: dict) -> list[str]:
+    """Markdown lines: per ablation cell (key, task, labelled scans) our mean (std, seeds) per value, best in bold,
+    and the paper's row beside it (``PAPER_ABLATIONS``)."""
+    md = []
+    for (key, task, n), pts in abl.items():
+        best = max(p[1] for p in pts)
+        ours = [(f"**{p[1]:.2f}**" if p[1] == best else f"{p[1]:.2f}") + f" ({p[2]:.2f}, n={p[3]})" for p in pts]
+        paper = [paper_ablation(key, task, n, p[0]) for p in pts]
+        where = f"{dict(TASK_COLUMNS).get(task, task)}, {n} scan{'s' if n > 1 else ''}"
+        md += [f"| {ABLATION_LABELS.get(key, key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
+               "|" + "---|" * (len(pts) + 1),
+               f"| {where}, ours | " + " | ".join(ours) + " |"]
+        if any(v is not None for v in paper):
+            md.append(f"| {where}, paper | " + " | ".join("–" if v is None else f"{v:.2f}" for v in paper) + " |")
+        md.append("")
+    return md
+
+
 def plot_ablations(abl: dict, path: Path) -> Path | None:
+    """One panel per ablation key: our mean (std over seeds) per value for each task and labelled count, and the
+    paper's values of the same cells dashed in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -520,12 +595,21 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
 
     if not abl:
         return None
-    fig, axes = plt.subplots(1, len(abl), figsize=(4.0 * len(abl), 3.4), squeeze=False)
-    for ax, (key, pts) in zip(axes[0], abl.items()):
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3)
+    keys = list(dict.fromkeys(k for k, _, _ in abl))
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for i, ((k, task, n), pts) in enumerate((c, p) for c, p in abl.items() if c[0] == key):
+            colour, where = f"C{i}", f"{dict(TASK_COLUMNS).get(task, task)} {n}"
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                        color=colour, label=f"{where}, ours")
+            paper = [(p[0], paper_ablation(key, task, n, p[0])) for p in pts]
+            paper = [(x, y) for x, y in paper if y is not None]
+            if paper:
+                ax.plot(*zip(*paper), linestyle="--", marker="x", color=colour, label=f"{where}, paper")
         ax.set_xlabel(ABLATION_LABELS.get(key, key))
         ax.set_ylabel("test 3D Dice x 100")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     out = _save(fig, path)
     plt.close(fig)
     return out
@@ -634,20 +718,25 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
            markdown_table(methods, paper_cols, {}, paper=True), ""]
     abl = ablation_rows(select(seg, "paper", paper_lr))
     if abl:
-        md += ["## Ablations (paper-LR protocol)", ""]
-        for key, pts in abl.items():
-            md += [f"| {ABLATION_LABELS.get(key, key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
-                   "|" + "---|" * (len(pts) + 1),
-                   "| test Dice | " + " | ".join(f"{p[1]:.2f} ({p[2]:.2f})" for p in pts) + " |", ""]
+        md += ["## Ablations (paper-LR protocol)", "",
+               "Each value of a hyper-parameter is its own pre-training, fine-tuned per seed; mean (std over seeds, "
+               "number of seeds), best in bold. The paper's rows (its ablation tables) vary Ours (Dec) MI+CC at its "
+               "full protocol.", "", *ablation_tables(abl)]
         png = plot_ablations(abl, out / "ablations.png")
         if png:
             written.append(png)
             md += [f"![ablations]({png.name})", ""]
-    panels = plot_cluster_panels([r for r in rows if r.get("kind") == "pretrain"], out / "cluster_panels.png")
+    pretrains = [r for r in rows if r.get("kind") == "pretrain"]
+    panels = plot_cluster_panels(pretrains, out / "cluster_panels.png")
     if panels:
         written.append(panels)
         md += ["## Cluster maps of the pre-training variants (as the paper's Figure 3)", "",
                f"![cluster panels]({panels.name})", ""]
+    panels = plot_cluster_panels(pretrains, out / "cluster_panels_ablations.png", ablations=True)
+    if panels:
+        written.append(panels)
+        md += ["## Cluster maps of the ablations' pre-trainings (as the paper's Figure 3, one value per panel)", "",
+               f"![ablation cluster panels]({panels.name})", ""]
     md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"])
     readme = out / "README.md"
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")

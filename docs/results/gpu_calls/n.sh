@@ -25,7 +25,8 @@
 #   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
 #       graphs (GPU 1), each alone on its GPU.
 #   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
-#   abl (prepared, not run; 2 GPUs, about 2 calls): the alpha ablation, 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes.
+#   abl (2 GPUs, about 2 calls): the alpha ablation (run by phase r), 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes;
+#       ONLY="[\"*lambda_cc*\"]" or ONLY="[\"*num_clusters*\"]" for the other two.
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
 #   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): one runner (run_plan) for two grids,
@@ -120,7 +121,7 @@ padab)  # ninth session: MONAI's decoder pad against UpCatPadIfNeeded, the bundl
       --profile $OUT/ops_$pad.txt --profile_steps 20 --out $OUT/bench_$pad.json > $OUT/bench_$pad.log 2>&1
     grep -E '"(ms_per_step|images_per_s|gpu_busy_share|channels_last)"' $OUT/bench_$pad.json
   done; exit 0 ;;
-abl)  # prepared in the ninth session, not run (2 GPUs, about 2 calls: run the phase again until all is done).
+abl)  # prepared in the ninth session; its alpha grid ran in phase r (2 GPUs, about 2 calls: run the phase again until all is done).
   # The alpha ablation at 1 labelled LV scan, seeds 0-2: acdc_ablation_fast with call M5's 5,000 pre-training
   # iterations ([pre5k]: 25 x 200, warm-up 5), which recovered most of the full method's gain (LV 69.6 against 44.8
   # after 2,000), then the fast preset's fine-tuning at 1e-4. Five pre-trainings, 15 fine-tunes, one runner.
@@ -191,3 +192,8 @@ exit 0
 #   SEEDS=2 COUNTS=1,2,4 ONLY='["pre_*", "*_n2_*", "*_n4_*", "*_rv_n1_*", "*_myo_n1_*"]':
 #   n.sh 588 p1 (564 s), JOBS=10 n.sh 588 p3 (565 s), JOBS=10 n.sh 500 p3 (85 s), timeout 370 n.sh 380 prof (177 s).
 #   Device time 1,447 s. Then, on a one-GPU lease (nvidia-h100-x1, commit f4364a9): n.sh 330 padab (237 s).
+# As run (commit ef4abfc, one nvidia-h100-x2 lease, 2 x H100; calls R, tenth session): n.sh 588 r (565 s), n.sh 588 r
+#   (455 s; all 26 runs done, too little time left for the cuDNN A/B), then the baseline's other LRs at 1 scan for LV
+#   and Myo: SEEDS=0,1,2 COUNTS=1 LRS=2e-5,5e-4 METHODS=Baseline ONLY='["*_lv_n1_*"]' JOBS=6 n.sh 420 p3 (276 s) and
+#   the same with ONLY='["*_myo_n1_*"]' and n.sh 380 (269 s). Device time 1,625 s. Phase abl's alpha grid is what r ran;
+#   abl stays for the lambda_CC and K grids (ONLY='["*lambda_cc*"]' or '["*num_clusters*"]').
