@@ -129,6 +129,22 @@ def test_ablation_grid_sweeps_alpha_lambda_and_k_from_the_full_method(tmp_path):
     assert cmd[cmd.index("--alpha") + 1] == "0.0" and "variants/full.json" in cmd[5]
     k5 = pre["pre_full_num_clusters5"].commands[0]
     assert k5[k5.index("--num_clusters") + 1] == "5"
+    ft = [r for r in grid if r.kind != "pretrain"]
+    assert {r.meta["method"] for r in ft} == {"Contrast (Enc) + Ours (Dec)"} and len(ft) == len(pre)
+
+
+def test_ablation_grid_varies_the_pretraining_of_the_methods_named(tmp_path):
+    # the paper's ablation tables vary Ours (Dec) MI+CC: its variant is pre-trained once per value, nothing else runs
+    grid = ex.build_grid("acdc_ablation_fast", "/d", tmp_path, lrs=1e-4, methods="Ours (Dec) MI+CC")
+    pre = [r for r in grid if r.kind == "pretrain"]
+    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values())
+    assert all(r.name.startswith("pre_ours_mi_cc_") and "variants/ours_mi_cc.json" in r.commands[0][5] for r in pre)
+    lam = next(r for r in pre if r.name == "pre_ours_mi_cc_lambda_cc0.1").commands[0]
+    assert lam[lam.index("--lambda_cc") + 1] == "0.1"
+    ft = [r for r in grid if r.kind != "pretrain"]
+    assert {r.meta["method"] for r in ft} == {"Ours (Dec) MI+CC"} and {r.depends[0] for r in ft} == {r.name for r in pre}
+    with pytest.raises(ex.ExperimentError, match="method 'Baseline' has none to vary"):
+        ex.build_grid("acdc_ablation_fast", "/d", tmp_path, methods="Baseline")
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -17,8 +17,9 @@ GPU(s) concurrently (several small fine-tunes on one GPU are faster together tha
 Presets (``PRESETS``): ``*_paper`` is the paper's protocol (50 epochs x 200 iterations everywhere, one
 fine-tuning LR for all methods); ``*_fast`` a shortened protocol for a 10-minute GPU call. Both also run every
 fine-tune at each LR of ``lrs`` so that the report can give, besides the paper's protocol (``paper_lr``), the
-result of each method at its LR chosen on the validation split. ``*_ablation`` are the alpha, lambda_CC and K
-ablations at 1 labelled ACDC scan. ``smoke`` is a seconds-long CPU grid on the demo data (tests).
+result of each method at its LR chosen on the validation split. ``*_ablation*`` are the alpha, lambda_CC and K
+ablations at 1 labelled ACDC scan, of the full method's pre-training or, with ``--methods "Ours (Dec) MI+CC"`` (as
+the paper's ablation tables), another pre-trained row's. ``smoke`` is a seconds-long CPU grid on the demo data (tests).
 The grid of a preset can be narrowed on the command line (``--tasks lv --counts 1 --seeds 0 --lrs 5e-4``,
 ``--only 'ft_*'``), spread over several GPUs (``--gpus 2``) and run with extra bundle overrides under a tag
 (``--tag adam --overrides '{"optimizer#_target_": "torch.optim.Adam"}'``, see :func:`build_grid`).
@@ -285,6 +286,14 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     for m in rows:
         if m not in METHODS:
             raise ExperimentError(f"unknown method {m!r}; choose among {list(METHODS)}")
+    ablated = ()
+    if ablation:  # methods name the pre-trained rows whose pre-training the ablation varies (default: the full method)
+        ablated, rows = (rows if methods is not None else ("Contrast (Enc) + Ours (Dec)",)), ()
+        pretrained = [m for m, (v, kind) in METHODS.items() if v is not None and kind == "finetune"]
+        for m in ablated:
+            if m not in pretrained:
+                raise ExperimentError(f"{preset} varies a pre-training: method {m!r} has none to vary; choose among "
+                                      f"{pretrained}")
     work = Path(work_dir).resolve()
     dataset_dir = str(Path(dataset_dir).resolve()) if dataset_dir not in (None, "None") else "None"
     pre: dict[str, Run] = {}
@@ -307,16 +316,16 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                     for lr in lrs:
                         runs.append(segmentation_run(kind, label(method), init, task, n, seed, lr, dataset_dir,
                                                      work, proto, tag_meta))
-    if ablation:
+    for method in ablated:
         for key, values in ABLATIONS.items():
             for value in values:
-                init = init_run("full", {key: value}, f"_{key}{value:g}")
+                init = init_run(METHODS[method][0], {key: value}, f"_{key}{value:g}")
                 for task in tasks:
                     for n in counts:
                         for seed in seeds:
                             for lr in lrs:
-                                runs.append(segmentation_run("finetune", label("Contrast (Enc) + Ours (Dec)"), init,
-                                                             task, n, seed, lr, dataset_dir, work, proto,
+                                runs.append(segmentation_run("finetune", label(method), init, task, n, seed, lr,
+                                                             dataset_dir, work, proto,
                                                              {"ablation": key, "ablation_value": value, **tag_meta}))
     grid = list(pre.values()) + runs
     for r in grid:  # into result.json and the CSV: the report refuses one run name from two presets
