@@ -29,6 +29,10 @@
 #       ONLY="[\"*lambda_cc*\"]" or ONLY="[\"*num_clusters*\"]" for the other two.
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
+#   plan (prepared in the tenth session): PLAN=docs/results/gpu_calls/plans/NAME.json [GPUS=0,1] [JOBS=12] n.sh SECONDS plan
+#       runs a plan file (a list of grids, see tools/experiments.py run_plan) in $W/NAME; run it again until all is
+#       done. plans/s.json: the full method's LR choice at 1 scan (a 10,000-iteration pre-training, 18 fine-tunes at
+#       2e-5 / 5e-4) and the lambda_CC ablation of the full method ([pre5k], 4 pre-trainings, 12 fast fine-tunes).
 #   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): one runner (run_plan) for two grids,
 #       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
 #       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
@@ -161,10 +165,15 @@ PLAN
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
+plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
+  PLAN=${PLAN:?set PLAN to a plan file}; NAME=$(basename $PLAN .json); PNG_RUNS=$NAME
+  [ -f $PLAN ] || { echo "PLAN $PLAN: no such file"; exit 2; }
+  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan $PLAN \
+    --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} >> $W/$NAME.out 2>&1 ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl r; do
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl r ${NAME:-}; do
   [ -d $W/$r ] && python tools/experiments.py collect $W/$r > /dev/null 2>&1 &&
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
