@@ -353,6 +353,19 @@ def _row(method, task, n, seed, lr, val, test, paper_lr=1e-4, **kw):
             "labelled_scans": n, "seed": seed, "lr": lr, "paper_lr": paper_lr, "val_dice": val, "test_dice": test, **kw}
 
 
+def test_chosen_lr_lines_show_the_validation_choice_per_seed_and_each_lrs_test_dice():
+    rows = [_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.60), _row("Baseline", "lv", 1, 0, 5e-4, 0.7, 0.40),
+            _row("Baseline", "lv", 1, 1, 1e-4, 0.6, 0.50), _row("Baseline", "lv", 1, 1, 5e-4, 0.4, 0.70),
+            _row("Baseline", "rv", 1, 0, 1e-4, 0.5, 0.30),  # one LR only: no line
+            _row("Contrast (Enc) + Ours (Dec)", "lv", 1, 0, 1e-4, 0.8, 0.80)]
+    chosen = rr.select(rows, "tuned")
+    md = rr.chosen_lr_lines(chosen, rows)
+    # seed 0 chose 5e-4 on validation (test 40, its worse LR), seed 1 chose 1e-4 (test 50, also its worse)
+    assert [line for line in md if line.startswith("| Baseline")] == [
+        "| Baseline | LV 1 | s0: 5e-4, s1: 1e-4 | 1e-4: 55.0, 5e-4: 55.0 |"]
+    assert rr.chosen_lr_lines(rr.select(rows, "paper"), [r for r in rows if r["lr"] == 1e-4]) == []
+
+
 def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_before_per_scan():
     pre = {"kind": "pretrain", "cq_LV": 0.751, "cq_LV_per_scan": 0.701, "cq_nmi": 0.186}
     rows = [dict(pre, name="pre_full", variant="full"), dict(pre, name="pre_full_pre10k", variant="full", tag="pre10k"),

@@ -4,6 +4,7 @@
 - Table 1's layout: methods x LV/RV/Myo (1/2/4 scans) and Prostate (4/6/8 scans), test 3D Dice x 100 as
   mean (std over seeds), the best of each column in bold, and the number of seeds behind each cell;
 - the same grid from the paper (``PAPER_TABLE1``) and our gap to it;
+- under the LR-chosen protocol, the LR each seed's validation Dice chose and each LR's test Dice;
 - the ablations (alpha, lambda_CC, K) when the CSV holds them;
 - with ``per_scan`` (``collect``'s ``*_per_scan.csv``), the test scans where the methods fail;
 and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
@@ -253,6 +254,37 @@ def select(rows: list[dict], protocol: str, paper_lr: float | None = None) -> li
         else:
             raise ReportError(f"unknown protocol {protocol!r} (paper | tuned)")
     return out
+
+
+def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
+    """Markdown lines: for each method and cell where some seed was run at more than one LR, the LR that the
+    validation Dice chose for each seed, and each LR's test Dice x 100 as the mean over the seeds run at it, so that
+    a reader sees what the choice gained or lost."""
+    tried = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("kind") != "pretrain" and not r.get("ablation"):
+            tried[(r["method"], r["task"], int(r["labelled_scans"]))][r["lr"]].append(100.0 * r["test_dice"])
+    picks = defaultdict(dict)
+    for r in chosen:
+        if not r.get("ablation"):
+            picks[(r["method"], r["task"], int(r["labelled_scans"]))][int(r["seed"])] = r["lr"]
+    cells = [c for c in sorted(picks, key=lambda c: (c[0], [t for t, _ in TASK_COLUMNS].index(c[1])
+                                                     if c[1] in dict(TASK_COLUMNS) else 99, c[2]))
+             if len(tried[c]) > 1]
+    if not cells:
+        return []
+    from experiments import _fmt_lr  # the run names' LR format (5e-4), one place
+
+    md = ["The LR chosen for each seed, and each LR's test Dice (mean over the seeds run at it):", "",
+          "| method | cell | chosen LR by seed | test Dice at each LR |", "|---|---|---|---|"]
+    for m, task, n in cells:
+        seeds = picks[(m, task, n)]
+        by_lr = tried[(m, task, n)]
+        md.append(f"| {m} | {dict(TASK_COLUMNS).get(task, task)} {n} | "
+                  + ", ".join(f"s{s}: {_fmt_lr(seeds[s])}" for s in sorted(seeds)) + " | "
+                  + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(seeds) else "")
+                              for lr, v in sorted(by_lr.items())) + " |")
+    return md + [""]
 
 
 def _lrs_tried(rows: list[dict]) -> list[int]:
@@ -697,7 +729,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
                + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
                markdown_table(methods, columns, cells), "", "Our mean minus the paper's (Dice points):", "",
-               gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with)]
+               gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with),
+               *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else [])]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
         if png:
             written.append(png)
