@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Regenerates README.md and the PNGs of this folder (or of OUT) from the CSVs and the note in report_note.md:
+#   bash docs/results/acdc_ablation/report.sh [OUT]
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=$(realpath -m "${1:-$HERE}")
+cd "$HERE"
+"${PYTHON:-python}" ../../../tools/experiments.py report results_calls_R_alpha.csv --per_scan results_calls_R_alpha_per_scan.csv \
+  --out_dir "$OUT" --title "ACDC ablations (alpha), 5,000 pre-training iterations, fast fine-tuning" \
+  --note "$(cat report_note.md)"
