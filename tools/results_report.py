@@ -28,6 +28,8 @@ from collections import defaultdict
 from pathlib import Path
 
 TASK_COLUMNS = (("lv", "LV"), ("rv", "RV"), ("myo", "Myo"), ("prostate", "Prostate"))
+TASK_NAMES = dict(TASK_COLUMNS)
+TASK_ORDER = {t: i for i, (t, _) in enumerate(TASK_COLUMNS)}
 
 # The paper's Table 1 (3D Dice x 100, mean of 3 seeds): method -> task -> {labelled scans: Dice}
 _PAPER_ROWS = {
@@ -224,10 +226,9 @@ def group_tables(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]],
             outside = [100.0 * d for sc, d in dice if sc in scan_group and scan_group[sc] != focus]
             if inside and outside:
                 cells[(r["task"], r["labelled_scans"], r["seed"])][r["method"]] = f"{fmean(inside):.0f} / {fmean(outside):.0f}"
-        order = {t: i for i, (t, _) in enumerate(TASK_COLUMNS)}
-        for (task, n, seed), by_method in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2])):
+        for (task, n, seed), by_method in sorted(cells.items(), key=lambda kv: (TASK_ORDER[kv[0][0]], kv[0][1], kv[0][2])):
             sub = ", ".join(labelled.get(f"labelled_seed{seed}_{n}", ["?"]))
-            md.append(f"| {dict(TASK_COLUMNS)[task]} | {n} | {seed} | {sub} | "
+            md.append(f"| {TASK_NAMES[task]} | {n} | {seed} | {sub} | "
                       + " | ".join(by_method.get(m, "–") for m in methods) + " |")
         md.append("")
     return md
@@ -268,8 +269,7 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     for r in chosen:
         if not r.get("ablation"):
             picks[(r["method"], r["task"], int(r["labelled_scans"]))][int(r["seed"])] = r["lr"]
-    cells = [c for c in sorted(picks, key=lambda c: (c[0], [t for t, _ in TASK_COLUMNS].index(c[1])
-                                                     if c[1] in dict(TASK_COLUMNS) else 99, c[2]))
+    cells = [c for c in sorted(picks, key=lambda c: (c[0], TASK_ORDER.get(c[1], len(TASK_ORDER)), c[2]))
              if len(tried[c]) > 1]
     if not cells:
         return []
@@ -280,7 +280,7 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     for m, task, n in cells:
         seeds = picks[(m, task, n)]
         by_lr = tried[(m, task, n)]
-        md.append(f"| {m} | {dict(TASK_COLUMNS).get(task, task)} {n} | "
+        md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | "
                   + ", ".join(f"s{s}: {_fmt_lr(seeds[s])}" for s in sorted(seeds)) + " | "
                   + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(seeds) else "")
                               for lr, v in sorted(by_lr.items())) + " |")
@@ -607,7 +607,7 @@ def ablation_tables(abl: dict) -> list[str]:
         best = max(p[1] for p in pts)
         ours = [(f"**{p[1]:.2f}**" if p[1] == best else f"{p[1]:.2f}") + f" ({p[2]:.2f}, n={p[3]})" for p in pts]
         paper = [paper_ablation(key, task, n, p[0]) for p in pts]
-        where = f"{dict(TASK_COLUMNS).get(task, task)}, {n} scan{'s' if n > 1 else ''}"
+        where = f"{TASK_NAMES.get(task, task)}, {n} scan{'s' if n > 1 else ''}"
         md += [f"| {ABLATION_LABELS.get(key, key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
                "|" + "---|" * (len(pts) + 1),
                f"| {where}, ours | " + " | ".join(ours) + " |"]
@@ -631,7 +631,7 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), squeeze=False)
     for ax, key in zip(axes[0], keys):
         for i, ((k, task, n), pts) in enumerate((c, p) for c, p in abl.items() if c[0] == key):
-            colour, where = f"C{i}", f"{dict(TASK_COLUMNS).get(task, task)} {n}"
+            colour, where = f"C{i}", f"{TASK_NAMES.get(task, task)} {n}"
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                         color=colour, label=f"{where}, ours")
             paper = [(p[0], paper_ablation(key, task, n, p[0])) for p in pts]
