@@ -33,7 +33,7 @@
 #       runs a plan file (a list of grids, see tools/experiments.py run_plan) in $W/NAME; run it again until all is
 #       done. plans/s.json: the full method's LR choice at 1 scan (a 10,000-iteration pre-training, 18 fine-tunes at
 #       2e-5 / 5e-4) and the lambda_CC ablation of the full method ([pre5k], 4 pre-trainings, 12 fast fine-tunes).
-#   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): one runner (run_plan) for two grids,
+#   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): the plan plans/r.json, two grids,
 #       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
 #       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
 #       autotuned (benchmark_pretrain, 100 iterations), on both GPUs at once, then swapped.
@@ -48,6 +48,12 @@ LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JSON and log to $OUT
   python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False --iterations 100 \
     --cudnn_deterministic $1 --out $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.json > $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.log 2>&1
+}
+plan_runner() {  # plan_runner PLAN_FILE: run_plan in the foreground, in $W/NAME (NAME = the file's name); its rc
+  [ -f "$1" ] || { echo "plan $1: no such file"; exit 2; }
+  NAME=$(basename "$1" .json); PNG_RUNS=$NAME
+  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan "$1" \
+    --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} >> $W/$NAME.out 2>&1
 }
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
@@ -148,16 +154,8 @@ bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step 
    done) > $OUT/mt_cudagraphs.log 2>&1 &
   wait; grep -hE '"(ms_per_step|images_per_s|cudnn_deterministic)"' $OUT/bench_det_*.json; cat $OUT/mt_cudagraphs.log
   exit 0 ;;
-r)  # tenth session, see the header
-  cat > /tmp/w/r_plan.json <<'PLAN'
-[{"preset": "acdc_ablation_fast", "tasks": "lv", "counts": 1, "seeds": [0, 1, 2], "lrs": [1e-4], "tag": "pre5k",
-  "pretrain_overrides": {"epochs": 25, "warmup_epochs": 5}, "only": ["*alpha*"]},
- {"preset": "acdc_paper", "tasks": "rv", "counts": 1, "seeds": [0, 1, 2], "lrs": [2e-5, 5e-4], "methods": "Baseline"}]
-PLAN
-  PNG_RUNS=r
-  CUDA_VISIBLE_DEVICES=0,1 timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan /tmp/w/r_plan.json \
-    --dataset_dir $D --work_dir $W/r --gpus 2 --jobs ${JOBS:-12} >> $W/r.out 2>&1
-  if [ $(left) -gt 240 ] && grep -q "^done" $W/r.out; then  # the cuDNN A/B, each setting once on each GPU
+r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B if the grid finished in time
+  if plan_runner docs/results/gpu_calls/plans/r.json && [ $(left) -gt 240 ]; then  # each setting once on each GPU
     for first in 0 1; do
       CUDA_VISIBLE_DEVICES=$first bench_det True &
       CUDA_VISIBLE_DEVICES=$(( 1 - first )) bench_det False &
@@ -166,14 +164,11 @@ PLAN
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
-  PLAN=${PLAN:?set PLAN to a plan file}; NAME=$(basename $PLAN .json); PNG_RUNS=$NAME
-  [ -f $PLAN ] || { echo "PLAN $PLAN: no such file"; exit 2; }
-  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan $PLAN \
-    --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} >> $W/$NAME.out 2>&1 ;;
+  plan_runner "${PLAN:?set PLAN to a plan file}" ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 wait
-for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl r ${NAME:-}; do
+for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full paper_base paper abl ${NAME:-}; do
   [ -d $W/$r ] && python tools/experiments.py collect $W/$r > /dev/null 2>&1 &&
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
