@@ -85,6 +85,11 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
                         gpus=gpus) or {"skipped_existing": 0, "done": 0, "failed": 0, "skipped_dependency": 0})
     ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1)
     assert seen == {"names": [r.name for r in grid], "jobs": 3, "gpus": 1}
+    # --only narrows the whole plan: two runners on other GPUs split it, each keeping what its runs need
+    ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1, only=["pre_full"])  # as fire parses '["pre_full"]'
+    assert seen["names"] == ["pre_full"]
+    assert [r.name for r in ex.build_plan(plan, "/d", tmp_path, only=["*_aug"])] == [
+        "pre_full", "ft_random_lv_n1_s0_lr1e-4_aug", "ft_pre_full_lv_n1_s0_lr1e-4_aug"]
 
 
 @pytest.mark.parametrize("plan, match", [
@@ -123,7 +128,10 @@ def test_only_keeps_the_pretrainings_the_selected_runs_need(tmp_path):
 def test_ablation_grid_sweeps_alpha_lambda_and_k_from_the_full_method(tmp_path):
     grid = ex.build_grid("acdc_ablation_fast", "/d", tmp_path, lrs=5e-4)
     pre = {r.name: r for r in grid if r.kind == "pretrain"}
-    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values())
+    # the default point (alpha 0.5, lambda_CC 1, K 40) is one pre-training, run as alpha's, not three
+    assert ex.ablation_defaults("full") == {"alpha": 0.5, "lambda_cc": 1.0, "num_clusters": 40.0}
+    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values()) - 2
+    assert "pre_full_alpha0.5" in pre and "pre_full_lambda_cc1" not in pre and "pre_full_num_clusters40" not in pre
     alpha0 = pre["pre_full_alpha0"]
     cmd = alpha0.commands[0]
     assert cmd[cmd.index("--alpha") + 1] == "0.0" and "variants/full.json" in cmd[5]
@@ -137,7 +145,7 @@ def test_ablation_grid_varies_the_pretraining_of_the_methods_named(tmp_path):
     # the paper's ablation tables vary Ours (Dec) MI+CC: its variant is pre-trained once per value, nothing else runs
     grid = ex.build_grid("acdc_ablation_fast", "/d", tmp_path, lrs=1e-4, methods="Ours (Dec) MI+CC")
     pre = [r for r in grid if r.kind == "pretrain"]
-    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values())
+    assert len(pre) == sum(len(v) for v in ex.ABLATIONS.values()) - 2
     assert all(r.name.startswith("pre_ours_mi_cc_") and "variants/ours_mi_cc.json" in r.commands[0][5] for r in pre)
     lam = next(r for r in pre if r.name == "pre_ours_mi_cc_lambda_cc0.1").commands[0]
     assert lam[lam.index("--lambda_cc") + 1] == "0.1"

@@ -213,6 +213,26 @@ ABLATIONS = {"alpha": (0.0, 0.25, 0.5, 0.75, 1.0), "lambda_cc": (0.0, 0.1, 1.0, 
              "num_clusters": (5, 10, 20, 40, 60)}
 
 
+def ablation_defaults(variant: str = "full") -> dict:
+    """The value each ablated hyper-parameter (``ABLATIONS``) takes in ``variant``'s pre-training when not ablated:
+    pretrain_bim's ``configs/train.json`` under the variant's overrides. The three ablations share this point."""
+    values = {}
+    for path in (ROOT / PRETRAIN_TRAIN, ROOT / _variant(variant)):
+        values.update(json.loads(path.read_text()))
+    return {key: float(values[key]) for key in ABLATIONS}
+
+
+def narrow(grid: list[Run], only) -> list[Run]:
+    """The runs of ``grid`` whose names match one of the ``only`` patterns (fnmatch), plus the pre-trainings they
+    need, in the grid's order; ``only`` None keeps the grid."""
+    if not only:
+        return grid
+    pats = _as_tuple(only, str)
+    keep = [r for r in grid if any(fnmatch.fnmatch(r.name, p) for p in pats)]
+    needed = {d for r in keep for d in r.depends}
+    return [r for r in grid if r in keep or r.name in needed]
+
+
 def _as_tuple(value, cast, names: bool = False) -> tuple | None:
     """A command-line value (one item, a list, or a comma/space-separated string; ``names``: comma-separated
     only, since method names contain spaces) as a tuple of ``cast`` items."""
@@ -317,8 +337,13 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
                         runs.append(segmentation_run(kind, label(method), init, task, n, seed, lr, dataset_dir,
                                                      work, proto, tag_meta))
     for method in ablated:
+        defaults, default_point_run = ablation_defaults(METHODS[method][0]), False
         for key, values in ABLATIONS.items():
             for value in values:
+                if float(value) == defaults[key]:  # the point all three share runs once, under the first key
+                    if default_point_run:
+                        continue
+                    default_point_run = True
                 init = init_run(METHODS[method][0], {key: value}, f"_{key}{value:g}")
                 for task in tasks:
                     for n in counts:
@@ -330,12 +355,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     grid = list(pre.values()) + runs
     for r in grid:  # into result.json and the CSV: the report refuses one run name from two presets
         r.meta.setdefault("preset", preset)
-    if only:
-        pats = _as_tuple(only, str)
-        keep = [r for r in grid if any(fnmatch.fnmatch(r.name, p) for p in pats)]
-        needed = {d for r in keep for d in r.depends}
-        grid = [r for r in grid if r in keep or r.name in needed]
-    return grid
+    return narrow(grid, only)
 
 
 PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides")
@@ -364,10 +384,11 @@ def read_plan(plan) -> list[dict]:
     return [dict(e) for e in plan]
 
 
-def build_plan(plan, dataset_dir: str, work_dir: str) -> list[Run]:
+def build_plan(plan, dataset_dir: str, work_dir: str, only=None) -> list[Run]:
     """The runs of every grid of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
     spreads them all over its GPUs. A run that several grids share (the same name, e.g. an untagged pre-training) is
-    kept once; the same name with other commands (e.g. one tag given two meanings) is an error."""
+    kept once; the same name with other commands (e.g. one tag given two meanings) is an error. ``only``: run-name
+    patterns that narrow the whole plan (see :func:`narrow`), e.g. one pre-training for a GPU of its own."""
     runs: dict[str, Run] = {}
     for i, entry in enumerate(read_plan(plan)):
         for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry):
@@ -375,7 +396,7 @@ def build_plan(plan, dataset_dir: str, work_dir: str) -> list[Run]:
                 raise ExperimentError(f"plan entry {i}: run {r.name} is in an earlier grid with other commands "
                                       "(give this grid its own --tag)")
             runs.setdefault(r.name, r)
-    return sorted(runs.values(), key=lambda r: r.kind != "pretrain")
+    return narrow(sorted(runs.values(), key=lambda r: r.kind != "pretrain"), only)
 
 
 # ---------------------------------------------------------------------------------------------------- runner
@@ -760,12 +781,12 @@ class CLI:
         self._execute(preset, build_grid(preset, dataset_dir, work_dir, **narrow), work_dir, jobs, gpus)
 
     def run_plan(self, plan, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None,
-                 dry_run: bool = False) -> None:
+                 dry_run: bool = False, only=None) -> None:
         """Execute several grids as one (see :func:`build_plan`): ``plan`` is a JSON file (or list) of grids, each
         ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
-        ``dry_run``: print the runs instead."""
-        grid = build_plan(plan, dataset_dir, work_dir)
+        ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs."""
+        grid = build_plan(plan, dataset_dir, work_dir, only)
         if dry_run:
             for r in grid:
                 print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")

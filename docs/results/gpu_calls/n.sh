@@ -33,6 +33,10 @@
 #       runs a plan file (a list of grids, see tools/experiments.py run_plan) in $W/NAME; run it again until all is
 #       done. plans/s.json: the full method's LR choice at 1 scan (a 10,000-iteration pre-training, 18 fine-tunes at
 #       2e-5 / 5e-4) and the lambda_CC ablation of the full method ([pre5k], 4 pre-trainings, 12 fast fine-tunes).
+#   t (eleventh session, 4 GPUs, about 3 calls: FIRST=1 n.sh 588 t, then n.sh 588 t until all is done): plans/t.json,
+#       the full method's LR choice at 1 scan (one 10,000-iteration pre-training alone on GPU 0 in the first call,
+#       18 fine-tunes at 2e-5 / 5e-4), the lambda_CC and K ablations of the full method ([pre5k]; their shared
+#       default point is calls R's alpha = 0.5), then the baseline's LR choice at 2 and 4 scans (36 fine-tunes).
 #   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): the plan plans/r.json, two grids,
 #       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
 #       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
@@ -49,11 +53,13 @@ bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JS
   python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False --iterations 100 \
     --cudnn_deterministic $1 --out $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.json > $OUT/bench_det_$1_gpu$CUDA_VISIBLE_DEVICES.log 2>&1
 }
-plan_runner() {  # plan_runner PLAN_FILE: run_plan in the foreground, in $W/NAME (NAME = the file's name); its rc
+plan_runner() {  # plan_runner PLAN_FILE [ONLY]: run_plan in the foreground, in $W/NAME (NAME = the file's name); its rc.
+  # ONLY: run-name patterns narrowing the plan, so that two runners on other GPUs share one work dir (phase t)
   [ -f "$1" ] || { echo "plan $1: no such file"; exit 2; }
   NAME=$(basename "$1" .json); PNG_RUNS=$NAME
   CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan "$1" \
-    --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} >> $W/$NAME.out 2>&1
+    --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} \
+    --only "${2:-[\"*\"]}" >> $W/$NAME.out 2>&1
 }
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
@@ -162,6 +168,17 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
       wait
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
+  fi ;;
+t)  # eleventh session, 4 GPUs, about 3 calls: the plan plans/t.json (the full method's LR choice at 1 scan, the lambda_CC
+  # and K ablations, the baseline's LR choice at 2 and 4 scans). FIRST=1 (the first call): the full method's
+  # 10,000-iteration pre-training alone on GPU 0, everything else on GPUs 1-3; later calls: one runner on all 4.
+  P=docs/results/gpu_calls/plans/t.json; NAME=t; PNG_RUNS=none
+  if [ "${FIRST:-0}" = 1 ]; then
+    GPUS=0 JOBS=1 plan_runner $P '["pre_full"]' &
+    GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P '["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]' &
+    wait
+  else
+    GPUS=0,1,2,3 JOBS=${JOBS:-14} plan_runner $P
   fi ;;
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
   plan_runner "${PLAN:?set PLAN to a plan file}" ;;
