@@ -601,6 +601,37 @@ def test_ablation_rows_average_over_seeds_and_render(tmp_path):
     assert rr.table(rows)[0] == []
 
 
+def test_the_shared_default_point_fills_the_other_ablations_default_value(tmp_path):
+    # the grid runs the default point (alpha 0.5, lambda_CC 1, K 40) once, as alpha = 0.5: the lambda_CC table
+    # borrows it for lambda_CC = 1; K has no runs of its own, so no K table appears
+    def row(key, value, seed, dice, method="Contrast (Enc) + Ours (Dec) [pre5k]"):
+        return _row(method, "lv", 1, seed, 1e-4, 0.5, dice, ablation=key, ablation_value=value)
+
+    assert ex.ablation_defaults("ours_mi_cc") == ex.ablation_defaults("full")  # the paper's ablated row: same point
+    rows = [row(k, v, s, d) for k, v, ds in (("alpha", 0.0, (0.2, 0.4)), ("alpha", 0.5, (0.6, 0.8)),
+                                              ("lambda_cc", 0.0, (0.1, 0.3)), ("lambda_cc", 4.0, (0.5, 0.5)))
+            for s, d in enumerate(ds)]
+    abl = rr.ablation_rows(rows)
+    assert set(abl) == {("alpha", "lv", 1), ("lambda_cc", "lv", 1)}
+    assert [(p[0], round(p[1], 6), p[3], p[4]) for p in abl[("alpha", "lv", 1)]] == [(0.0, 30.0, 2, ()), (0.5, 70.0, 2, ())]
+    assert [(p[0], round(p[1], 6), p[3], p[4]) for p in abl[("lambda_cc", "lv", 1)]] == [
+        (0.0, 20.0, 2, ()), (1.0, 70.0, 2, ("alpha", 0.5)), (4.0, 50.0, 2, ())]
+    md = rr.ablation_tables(abl)
+    assert "| lambda_CC | 0 | 1 | 4 |" in md
+    assert "lambda_CC = 1 is the default point: the runs of alpha = 0.5, shared by the three ablations." in md
+    assert not any(line.startswith("alpha = 0.5 is the default point") for line in md)
+    assert rr.plot_ablations(abl, tmp_path / "ablations.png").read_bytes()[:4] == b"\x89PNG"
+    # a variant carried by the rows picks its defaults; a tagless method label maps through experiments.METHODS
+    assert rr._ablated_variant({"method": "Ours (Dec) MI+CC", "variant": ""}) == "ours_mi_cc"
+    assert rr._ablated_variant({"method": "x", "variant": "full"}) == "full"
+    # an older grid that ran lambda_CC = 1 itself keeps its own runs: nothing is borrowed
+    own = rows + [row("lambda_cc", 1.0, s, d) for s, d in enumerate((0.9, 0.9))]
+    abl = rr.ablation_rows(own)
+    assert [(p[0], round(p[1], 6), p[4]) for p in abl[("lambda_cc", "lv", 1)]] == [
+        (0.0, 20.0, ()), (1.0, 90.0, ()), (4.0, 50.0, ())]
+    assert not any("is the default point" in line for line in rr.ablation_tables(abl))
+
+
 def test_ablation_pretrainings_are_labelled_and_ordered_by_their_value():
     def pre(name, ablation="", **extra):
         return {"name": name, "kind": "pretrain", "variant": "full", "tag": "pre5k", "ablation": ablation, **extra}

@@ -580,17 +580,49 @@ def _panel_rows(img) -> int:
     return max(1, round(h / (w / 4)))
 
 
+def _ablated_variant(r: dict) -> str:
+    """The pre-training variant an ablation run varies: the row's ``variant`` where it has one, else its method's
+    (``experiments.METHODS``, a tag like ``[pre5k]`` stripped), else ``full``."""
+    from experiments import METHODS
+
+    if r.get("variant"):
+        return r["variant"]
+    variant = METHODS.get(str(r.get("method", "")).split(" [")[0], (None, None))[0]
+    return variant or "full"
+
+
 def ablation_rows(rows: list[dict]) -> dict:
-    """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n)] over the seeds of the
-    ablation runs."""
-    values = defaultdict(list)
+    """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n, shared_from)] over the
+    seeds of the ablation runs. The ablations share one default point (``experiments.ablation_defaults`` of the
+    variant) and the grid runs it once, under the first key: a run of key k at k's default v also stands for the
+    default of every other key k2, in a cell (k2, task, labelled scans) that has runs of its own but none at
+    k2's default; ``shared_from`` is then (k, v) (the first such key of ``ABLATIONS``' order), else ()."""
+    from experiments import ABLATIONS, ablation_defaults
+
+    order, defaults_of = list(ABLATIONS), {}
+    values, shared = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
-            values[(r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"]))].append(
-                100.0 * r["test_dice"])
+            key, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
+            dice = 100.0 * r["test_dice"]
+            values[(key, task, n, value)].append(dice)
+            variant = _ablated_variant(r)
+            if variant not in defaults_of:
+                defaults_of[variant] = ablation_defaults(variant)
+            defaults = defaults_of[variant]
+            if defaults.get(key) == value:
+                for k2, v2 in defaults.items():
+                    if k2 != key:
+                        shared[(k2, task, n, v2)][(key, value)].append(dice)
+    cells = {(key, task, n) for key, task, n, _ in values}
+    points = {k: (v, ()) for k, v in values.items()}
+    for (k2, task, n, v2), by_key in shared.items():
+        if (k2, task, n) in cells and (k2, task, n, v2) not in values:
+            source = min(by_key, key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+            points[(k2, task, n, v2)] = (by_key[source], source)
     out = defaultdict(list)
-    for (key, task, n, value), v in sorted(values.items()):
-        out[(key, task, n)].append((value, *_mean_std(v), len(v)))
+    for (key, task, n, value), (v, source) in sorted(points.items()):
+        out[(key, task, n)].append((value, *_mean_std(v), len(v), source))
     return dict(out)
 
 
@@ -614,6 +646,11 @@ def ablation_tables(abl: dict) -> list[str]:
         if any(v is not None for v in paper):
             md.append(f"| {where}, paper | " + " | ".join("–" if v is None else f"{v:.2f}" for v in paper) + " |")
         md.append("")
+        for p in pts:
+            if len(p) > 4 and p[4]:
+                src, src_value = p[4]
+                md += [f"{ABLATION_LABELS.get(key, key)} = {p[0]:g} is the default point: the runs of "
+                       f"{ABLATION_LABELS.get(src, src)} = {src_value:g}, shared by the three ablations.", ""]
     return md
 
 
@@ -634,6 +671,10 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
             colour, where = f"C{i}", f"{TASK_NAMES.get(task, task)} {n}"
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                         color=colour, label=f"{where}, ours")
+            lent = [p for p in pts if len(p) > 4 and p[4]]  # the shared default point: hollow
+            if lent:
+                ax.plot([p[0] for p in lent], [p[1] for p in lent], linestyle="none", marker="o", markersize=9,
+                        markerfacecolor="white", markeredgecolor=colour, zorder=3)
             paper = [(p[0], paper_ablation(key, task, n, p[0])) for p in pts]
             paper = [(x, y) for x, y in paper if y is not None]
             if paper:

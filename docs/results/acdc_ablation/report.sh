@@ -5,6 +5,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=$(realpath -m "${1:-$HERE}")
 cd "$HERE"
-"${PYTHON:-python}" ../../../tools/experiments.py report results_calls_R_alpha.csv --per_scan results_calls_R_alpha_per_scan.csv \
-  --out_dir "$OUT" --title "ACDC ablations (alpha), 5,000 pre-training iterations, fast fine-tuning" \
+"${PYTHON:-python}" ../../../tools/experiments.py report "[results_calls_R_alpha.csv, results_calls_T_ablations.csv]" \
+  --per_scan "[results_calls_R_alpha_per_scan.csv, results_calls_T_ablations_per_scan.csv]" \
+  --out_dir "$OUT" --title "ACDC ablations (alpha, lambda_CC, K), 5,000 pre-training iterations, fast fine-tuning" \
   --note "$(cat report_note.md)"
