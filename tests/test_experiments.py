@@ -644,6 +644,24 @@ def test_ablation_pretrainings_are_labelled_and_ordered_by_their_value():
     assert rr._pretrain_label(rows[2], " ").endswith("K=5") and rr._pretrain_label(rows[1], " ").endswith("[pre5k]")
 
 
+
+def test_ablation_cluster_panels_put_each_ablation_on_a_row_of_its_own(tmp_path):
+    from PIL import Image
+
+    def pre(name, ablation, key, value):
+        panel = tmp_path / f"{name}.png"  # a pretrain_bim panel: rows of four square tiles
+        Image.new("RGB", (64, 16), (value * 40 % 255, 80, 120)).save(panel)
+        return {"name": name, "kind": "pretrain", "variant": "full", "ablation": ablation, key: str(value),
+                "panel": str(panel)}
+
+    alpha = [pre("a0", "alpha0", "alpha", 0), pre("a1", "alpha1", "alpha", 1)]
+    k = [pre("k5", "num_clusters5", "num_clusters", 5)]
+    one = Image.open(rr.plot_cluster_panels(alpha, tmp_path / "one.png", ablations=True)).size
+    two = Image.open(rr.plot_cluster_panels(alpha + k, tmp_path / "two.png", ablations=True)).size
+    # alpha's two values on the first row, K's one on a second row: as wide, taller
+    assert two[0] == one[0] and two[1] > 1.5 * one[1]
+    assert rr.plot_cluster_panels(alpha, tmp_path / "none.png") is None  # not ablations: no variant panels here
+
 def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_same_cells():
     def row(method, task, n, seed, dice):
         return {"method": method, "task": task, "labelled_scans": n, "seed": seed, "test_dice": dice / 100.0}

@@ -461,7 +461,7 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
 
 def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3, ablations: bool = False) -> Path | None:
     """The last cluster panel of each pre-training side by side, first ``max_rows`` slices: the variants, or with
-    ``ablations`` the ablations' pre-trainings in the order of their values."""
+    ``ablations`` the ablations' pre-trainings in the order of their values, one figure row per ablation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,14 +477,19 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         rows_in_panel = _panel_rows(img)
         # the first max_rows slices, columns image | cluster map
         kept_rows = img.shape[0] * min(max_rows, rows_in_panel) // rows_in_panel
-        panels.append((_pretrain_label(r), img[:kept_rows, : img.shape[1] // 2]))
+        group = _ablation_of(r)[0] if ablations else ""
+        panels.append((group, _pretrain_label(r), img[:kept_rows, : img.shape[1] // 2]))
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 4.0), squeeze=False)
-    for ax, (name, img) in zip(axes[0], panels):
-        ax.imshow(img)
-        ax.set_title(name, fontsize=9)
+    groups = list(dict.fromkeys(g for g, _, _ in panels))
+    cols = max(sum(g == group for g, _, _ in panels) for group in groups)
+    fig, axes = plt.subplots(len(groups), cols, figsize=(3.2 * cols, 4.0 * len(groups)), squeeze=False)
+    for ax in axes.flat:
         ax.axis("off")
+    for row, group in zip(axes, groups):
+        for ax, (_, name, img) in zip(row, [q for q in panels if q[0] == group]):
+            ax.imshow(img)
+            ax.set_title(name, fontsize=9)
     out = _save(fig, path)
     plt.close(fig)
     return out

@@ -172,14 +172,16 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
 t)  # eleventh session, 4 GPUs, about 3 calls: the plan plans/t.json (the full method's LR choice at 1 scan, the lambda_CC
   # and K ablations, the baseline's LR choice at 2 and 4 scans). FIRST=1 (the first call): the full method's
   # 10,000-iteration pre-training alone on GPU 0, everything else on GPUs 1-3; later calls: one runner on all 4.
-  P=docs/results/gpu_calls/plans/t.json; NAME=t; PNG_RUNS=none
+  # ONLY (later calls): run-name patterns, e.g. ONLY='["ft_random_myo_*"]' for what calls T left, without the rest.
+  P=docs/results/gpu_calls/plans/t.json
   if [ "${FIRST:-0}" = 1 ]; then
     GPUS=0 JOBS=1 plan_runner $P '["pre_full"]' &
     GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P '["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]' &
     wait
   else
-    GPUS=0,1,2,3 JOBS=${JOBS:-14} plan_runner $P
-  fi ;;
+    GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
+  fi
+  NAME=t; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
   plan_runner "${PLAN:?set PLAN to a plan file}" ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
@@ -213,6 +215,10 @@ exit 0
 #   SEEDS=2 COUNTS=1,2,4 ONLY='["pre_*", "*_n2_*", "*_n4_*", "*_rv_n1_*", "*_myo_n1_*"]':
 #   n.sh 588 p1 (564 s), JOBS=10 n.sh 588 p3 (565 s), JOBS=10 n.sh 500 p3 (85 s), timeout 370 n.sh 380 prof (177 s).
 #   Device time 1,447 s. Then, on a one-GPU lease (nvidia-h100-x1, commit f4364a9): n.sh 330 padab (237 s).
+# As run (commit 37336a7, one nvidia-h100-x4 lease, 4 x H100; calls T, eleventh session): FIRST=1 n.sh 588 t (565 s),
+#   n.sh 588 t (565 s), n.sh 578 t (556 s; 72 of 84 runs done, 11 baseline Myo runs at 2/4 scans left; its PNG tar,
+#   with the predictions of every RV run, went over 16 MiB: phase t now tars the cluster panels only). Device time
+#   1,736 of 1,800 s.
 # As run (commit ef4abfc, one nvidia-h100-x2 lease, 2 x H100; calls R, tenth session): n.sh 588 r (565 s), n.sh 588 r
 #   (455 s; all 26 runs done, too little time left for the cuDNN A/B), then the baseline's other LRs at 1 scan for LV
 #   and Myo: SEEDS=0,1,2 COUNTS=1 LRS=2e-5,5e-4 METHODS=Baseline ONLY='["*_lv_n1_*"]' JOBS=6 n.sh 420 p3 (276 s) and
