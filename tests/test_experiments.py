@@ -662,6 +662,18 @@ def test_ablation_cluster_panels_put_each_ablation_on_a_row_of_its_own(tmp_path)
     assert two[0] == one[0] and two[1] > 1.5 * one[1]
     assert rr.plot_cluster_panels(alpha, tmp_path / "none.png") is None  # not ablations: no variant panels here
 
+def test_the_lr_chosen_table_names_the_cells_that_ran_at_one_lr_only():
+    def row(method, task, n, seed, lr):
+        return {"method": method, "task": task, "labelled_scans": n, "seed": seed, "lr": lr, "kind": "finetune"}
+
+    rows = ([row("Baseline", "lv", 1, s, lr) for s in (0, 1) for lr in (2e-5, 1e-4)]
+            + [row("Baseline", "myo", 2, 0, lr) for lr in (2e-5, 1e-4)] + [row("Baseline", "myo", 2, 1, 1e-4)]
+            + [row("Baseline", "myo", 4, s, 1e-4) for s in (0, 1)]
+            + [row("Baseline [long]", "lv", 1, 0, 1e-4), {**row("Baseline", "rv", 1, 0, 1e-4), "ablation": "alpha"}])
+    assert rr.one_lr_lines(rows) == ["Where a seed ran at one LR only, the table shows that run, not a choice:", "",
+                                     "- Baseline: Myo 2 (seed 1), Myo 4", "- one LR in every cell: Baseline [long]", ""]
+    assert rr.one_lr_lines(rows[:4]) == []
+
 def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_same_cells():
     def row(method, task, n, seed, dice):
         return {"method": method, "task": task, "labelled_scans": n, "seed": seed, "test_dice": dice / 100.0}

@@ -287,6 +287,38 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     return md + [""]
 
 
+def one_lr_lines(rows: list[dict]) -> list[str]:
+    """Markdown lines: the cells of the LR-chosen table where a seed ran at one LR only, so that the table shows that
+    run and no choice: per method, ``Myo 4`` (every seed) or ``Myo 2 (seeds 1, 2)``; rows with one LR in every cell
+    are named together."""
+    lrs = defaultdict(set)
+    for r in rows:
+        if r.get("kind") != "pretrain" and not r.get("ablation"):
+            lrs[(r["method"], r["task"], int(r["labelled_scans"]), int(r["seed"]))].add(r["lr"])
+    cells = defaultdict(lambda: defaultdict(list))  # method -> (task, n) -> [(seed, LRs run)]
+    for (m, task, n, seed), tried in lrs.items():
+        cells[m][(task, n)].append((seed, len(tried)))
+    per_method, untuned = [], []
+    for m in sorted(cells, key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m)):
+        if all(k == 1 for seeds in cells[m].values() for _, k in seeds):
+            untuned.append(m)
+            continue
+        where = []
+        for (task, n) in sorted(cells[m], key=lambda c: (TASK_ORDER.get(c[0], len(TASK_ORDER)), c[1])):
+            single = sorted(seed for seed, k in cells[m][(task, n)] if k == 1)
+            if single:
+                every = len(single) == len(cells[m][(task, n)])
+                where.append(f"{TASK_NAMES.get(task, task)} {n}" + ("" if every else
+                             f" (seed{'s' if len(single) > 1 else ''} {', '.join(map(str, single))})"))
+        if where:
+            per_method.append(f"- {m}: {', '.join(where)}")
+    if untuned:
+        per_method.append(f"- one LR in every cell: {', '.join(untuned)}")
+    if not per_method:
+        return []
+    return ["Where a seed ran at one LR only, the table shows that run, not a choice:", "", *per_method, ""]
+
+
 def _lrs_tried(rows: list[dict]) -> list[int]:
     """How many LRs each (method, ablation, task, labelled scans, seed) cell was run at."""
     groups = defaultdict(set)
@@ -774,7 +806,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         tried = _lrs_tried(seg)
         md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
                + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
-               markdown_table(methods, columns, cells), "", "Our mean minus the paper's (Dice points):", "",
+               markdown_table(methods, columns, cells), "", *(one_lr_lines(seg) if protocol == "tuned" else []),
+               "Our mean minus the paper's (Dice points):", "",
                gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with),
                *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else [])]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
