@@ -92,6 +92,16 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
         "pre_full", "ft_random_lv_n1_s0_lr1e-4_aug", "ft_pre_full_lv_n1_s0_lr1e-4_aug"]
 
 
+@pytest.mark.parametrize("plan", sorted((ROOT / "docs" / "results" / "gpu_calls" / "plans").glob("*.json")), ids=lambda p: p.name)
+def test_the_committed_gpu_plans_build(plan, tmp_path):
+    # a plan that fails to build would cost a GPU call to find out; u.json: one pre-training for all 54 [onepre] runs
+    grid = ex.build_plan(plan, "/d", tmp_path)
+    assert grid and grid[0].kind == "pretrain"
+    if plan.name == "u.json":
+        onepre = [r for r in grid if r.name.endswith("_onepre")]
+        assert len(onepre) == 54 and {r.depends for r in onepre} == {("pre_full",)}
+        assert len([r for r in grid if r.name.startswith("ft_random_myo_")]) == 11
+
 @pytest.mark.parametrize("plan, match", [
     ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),
     ([{"preset": "acdc_fast", "task": "lv"}], r"plan entry 0: unknown keys \['task'\]"),

@@ -37,6 +37,9 @@
 #       the full method's LR choice at 1 scan (one 10,000-iteration pre-training alone on GPU 0 in the first call,
 #       18 fine-tunes at 2e-5 / 5e-4), the lambda_CC and K ablations of the full method ([pre5k]; their shared
 #       default point is calls R's alpha = 0.5), then the baseline's LR choice at 2 and 4 scans (36 fine-tunes).
+#   u (prepared in the eleventh session, 4 GPUs, about 3 calls: FIRST=1 n.sh 588 u, then n.sh 588 u): plans/u.json, the
+#       full method at all three LRs at 1 and 2 scans from one pre-training ([onepre], 54 fine-tunes) and the
+#       baseline's 11 Myo runs at 2e-5 / 5e-4 that calls T left; about 6,400 GPU-seconds by calls T's timings.
 #   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): the plan plans/r.json, two grids,
 #       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
 #       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
@@ -169,19 +172,23 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t)  # eleventh session, 4 GPUs, about 3 calls: the plan plans/t.json (the full method's LR choice at 1 scan, the lambda_CC
-  # and K ablations, the baseline's LR choice at 2 and 4 scans). FIRST=1 (the first call): the full method's
-  # 10,000-iteration pre-training alone on GPU 0, everything else on GPUs 1-3; later calls: one runner on all 4.
-  # ONLY (later calls): run-name patterns, e.g. ONLY='["ft_random_myo_*"]' for what calls T left, without the rest.
-  P=docs/results/gpu_calls/plans/t.json
+t|u)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+  # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
+  # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
+  # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans).
+  # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
+  # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
+  # ONLY='["ft_random_myo_*"]').
+  P=docs/results/gpu_calls/plans/$PHASE.json
+  [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
   if [ "${FIRST:-0}" = 1 ]; then
     GPUS=0 JOBS=1 plan_runner $P '["pre_full"]' &
-    GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P '["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]' &
+    GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
   fi
-  NAME=t; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
+  NAME=$PHASE; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
   plan_runner "${PLAN:?set PLAN to a plan file}" ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
