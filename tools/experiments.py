@@ -222,7 +222,7 @@ def ablation_defaults(variant: str = "full") -> dict:
     return {key: float(values[key]) for key in ABLATIONS}
 
 
-def narrow(grid: list[Run], only) -> list[Run]:
+def narrow_runs(grid: list[Run], only) -> list[Run]:
     """The runs of ``grid`` whose names match one of the ``only`` patterns (fnmatch), plus the pre-trainings they
     need, in the grid's order; ``only`` None keeps the grid."""
     if not only:
@@ -355,7 +355,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     grid = list(pre.values()) + runs
     for r in grid:  # into result.json and the CSV: the report refuses one run name from two presets
         r.meta.setdefault("preset", preset)
-    return narrow(grid, only)
+    return narrow_runs(grid, only)
 
 
 PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides")
@@ -388,7 +388,7 @@ def build_plan(plan, dataset_dir: str, work_dir: str, only=None) -> list[Run]:
     """The runs of every grid of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
     spreads them all over its GPUs. A run that several grids share (the same name, e.g. an untagged pre-training) is
     kept once; the same name with other commands (e.g. one tag given two meanings) is an error. ``only``: run-name
-    patterns that narrow the whole plan (see :func:`narrow`), e.g. one pre-training for a GPU of its own."""
+    patterns that narrow the whole plan (see :func:`narrow_runs`), e.g. one pre-training for a GPU of its own."""
     runs: dict[str, Run] = {}
     for i, entry in enumerate(read_plan(plan)):
         for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry):
@@ -396,7 +396,7 @@ def build_plan(plan, dataset_dir: str, work_dir: str, only=None) -> list[Run]:
                 raise ExperimentError(f"plan entry {i}: run {r.name} is in an earlier grid with other commands "
                                       "(give this grid its own --tag)")
             runs.setdefault(r.name, r)
-    return narrow(sorted(runs.values(), key=lambda r: r.kind != "pretrain"), only)
+    return narrow_runs(sorted(runs.values(), key=lambda r: r.kind != "pretrain"), only)
 
 
 # ---------------------------------------------------------------------------------------------------- runner

@@ -40,6 +40,9 @@
 #   u (prepared in the eleventh session, 4 GPUs, about 3 calls: FIRST=1 n.sh 588 u, then n.sh 588 u): plans/u.json, the
 #       full method at all three LRs at 1 and 2 scans from one pre-training ([onepre], 54 fine-tunes) and the
 #       baseline's 11 Myo runs at 2e-5 / 5e-4 that calls T left; about 6,400 GPU-seconds by calls T's timings.
+#   v (prepared in the eleventh session, 4 GPUs, FIRST=1 n.sh 588 v, then n.sh 588 v until done): plans/v.json, Mean
+#       Teacher and MT + Ours at the paper's length (10,000 iterations, the bundles' default augmentation), 1 scan,
+#       LV/RV/Myo, seeds 0-2, LR 1e-4; untimed at this length (the step alone: benchmark_meanteacher.py).
 #   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): the plan plans/r.json, two grids,
 #       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
 #       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
@@ -172,15 +175,17 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
-  # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans).
+  # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
+  # Teacher and MT + Ours at the paper's length, 1 scan, LV/RV/Myo, seeds 0-2, LR 1e-4 (18 runs, one pre-training).
   # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
   # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
   # ONLY='["ft_random_myo_*"]').
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
+  [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
   if [ "${FIRST:-0}" = 1 ]; then
     GPUS=0 JOBS=1 plan_runner $P '["pre_full"]' &
     GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
