@@ -740,6 +740,24 @@ def test_group_tables_split_the_test_dice_by_patient_group_and_detail_one_group(
     assert not (tmp_path / "out").exists()
 
 
+def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(tmp_path):
+    # docs/results/acdc_paper_length/README.md holds the headline numbers: it must stay what report.sh gives from the
+    # committed CSVs and note. Left out here: the test Dice by patient group (it needs the full ACDC set's datalist)
+    # and the cluster panels (drawn from pre-training folders that are not in the repository)
+    import os
+    import subprocess
+
+    folder = ROOT / "docs" / "results" / "acdc_paper_length"
+    subprocess.run(["bash", str(folder / "report.sh"), "none", str(tmp_path)], check=True, capture_output=True,
+                   env={**os.environ, "PYTHON": sys.executable})
+    committed = (folder / "README.md").read_text()
+    for heading in ("## Test Dice by patient group", "## Cluster maps of the pre-training variants"):
+        start = committed.index(heading)
+        committed = committed[:start] + committed[committed.index("\n## ", start) + 1:]
+    assert (tmp_path / "README.md").read_text() == committed
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 27 | +17.9 (+1.1 to +52.0) | +14.6 |" in committed
+
+
 def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_path):
     # docs/results/acdc_ablation/README.md must stay what report.sh gives from the committed CSVs and note; only the
     # cluster panels, drawn from pre-training folders that are not in the repository, are left out here

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates README.md and the PNGs of this folder (or of OUT) from the CSVs, the note in report_note.md and the
-# datalist of the full ACDC set (for the test Dice by patient group):
-#   bash docs/results/acdc_paper_length/report.sh DST/datalist.json [OUT]
+# datalist of the full ACDC set (for the test Dice by patient group; "none" leaves that section out):
+#   bash docs/results/acdc_paper_length/report.sh DST/datalist.json|none [OUT]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-DATALIST=$(realpath "${1:?usage: report.sh DST/datalist.json [OUT]}"); OUT=$(realpath -m "${2:-$HERE}")
+DATALIST=${1:?usage: report.sh DST/datalist.json|none [OUT]}; OUT=$(realpath -m "${2:-$HERE}")
+GROUP_ARGS=()
+[ "$DATALIST" = none ] || GROUP_ARGS=(--groups "$(realpath "$DATALIST")" --group_focus NOR)
 cd "$HERE"
 "${PYTHON:-python}" ../../../tools/experiments.py report \
   "[../acdc_fast/results_calls_J_long.csv, ../acdc_fast/results_calls_L_pre10k.csv, ../acdc_fast/results_call_M4_long.csv, ../acdc_fast/results_calls_N.csv, results_calls_P.csv, results_calls_Q.csv, results_calls_R.csv, results_calls_T.csv]" \
@@ -14,4 +16,4 @@ cd "$HERE"
   --relabel '{"Baseline [longaug]": "Baseline", "Contrast (Enc) + Ours (Dec) [pre10kaug]": "Contrast (Enc) + Ours (Dec)"}' \
   --paper_lr 1e-4 \
   --pair_with '{"Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]"}' \
-  --groups "$DATALIST" --group_focus NOR
+  "${GROUP_ARGS[@]}"
