@@ -382,6 +382,15 @@ def test_chosen_lr_lines_show_the_validation_choice_per_seed_and_each_lrs_test_d
     assert [line for line in md if line.startswith("| Baseline")] == [
         "| Baseline | LV 1 | s0: 5e-4, s1: 1e-4 | 1e-4: 55.0, 5e-4: 55.0 |"]
     assert rr.chosen_lr_lines(rr.select(rows, "paper"), [r for r in rows if r["lr"] == 1e-4]) == []
+    assert not any("more than one pre-training" in line for line in md)  # random init: no pre-training to mix
+    # a pre-trained row whose LRs ran from different pre-trainings says so, each LR with its own
+    full = "Contrast (Enc) + Ours (Dec)"
+    mixed = [_row(full, "rv", 1, s, lr, 0.5, 0.6, init=init) for s, lr, init in (
+        (0, 1e-4, "pre_a"), (1, 1e-4, "pre_b"), (0, 2e-5, "pre_c"), (1, 2e-5, "pre_c"), (0, 5e-4, "pre_c"))]
+    md = rr.chosen_lr_lines(rr.select(mixed, "tuned"), mixed)
+    assert md[-2] == f"- {full}, RV 1: 2e-5, 5e-4 from `pre_c`; 1e-4 from `pre_a`, `pre_b`"
+    same = [dict(r, init="pre_c") for r in mixed]
+    assert not any("more than one pre-training" in line for line in rr.chosen_lr_lines(rr.select(same, "tuned"), same))
 
 
 def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_before_per_scan():

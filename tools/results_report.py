@@ -262,9 +262,12 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     validation Dice chose for each seed, and each LR's test Dice x 100 as the mean over the seeds run at it, so that
     a reader sees what the choice gained or lost."""
     tried = defaultdict(lambda: defaultdict(list))
+    inits = defaultdict(lambda: defaultdict(set))  # the pre-trainings each LR's runs of a cell started from
     for r in rows:
         if r.get("kind") != "pretrain" and not r.get("ablation"):
             tried[(r["method"], r["task"], int(r["labelled_scans"]))][r["lr"]].append(100.0 * r["test_dice"])
+            if r.get("init") and r["init"] != "random":
+                inits[(r["method"], r["task"], int(r["labelled_scans"]))][r["lr"]].add(r["init"])
     picks = defaultdict(dict)
     for r in chosen:
         if not r.get("ablation"):
@@ -284,6 +287,17 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
                   + ", ".join(f"s{s}: {_fmt_lr(seeds[s])}" for s in sorted(seeds)) + " | "
                   + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(seeds) else "")
                               for lr, v in sorted(by_lr.items())) + " |")
+    mixed = [c for c in cells if len(set().union(*inits[c].values())) > 1]
+    if mixed:  # an LR comparison across pre-trainings carries their spread too
+        md += ["", "Cells whose LRs' runs start from more than one pre-training (so the comparison of LRs carries "
+               "the pre-trainings' spread):", ""]
+        for m, task, n in mixed:
+            groups = defaultdict(list)  # the same pre-trainings -> the LRs that used them
+            for lr, names in sorted(inits[(m, task, n)].items()):
+                groups[tuple(sorted(names))].append(_fmt_lr(lr))
+            md.append(f"- {m}, {TASK_NAMES.get(task, task)} {n}: "
+                      + "; ".join(f"{', '.join(lrs)} from {', '.join(f'`{x}`' for x in names)}"
+                                  for names, lrs in groups.items()))
     return md + [""]
 
 
