@@ -529,9 +529,13 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         return None
     groups = list(dict.fromkeys(g for g, _, _ in panels))
     cols = max(sum(g == group for g, _, _ in panels) for group in groups)
-    fig, axes = plt.subplots(len(groups), cols, figsize=(3.2 * cols, 4.0 * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), cols, figsize=(2.5 * cols, 3.2 * len(groups)), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
+    common = {name.rsplit("\n", 1)[0] for _, name, _ in panels} if ablations else set()
+    if len(common) == 1:  # one pre-training varied: its name once on top, each panel titled by its value
+        fig.suptitle(common.pop().replace("\n", " "), fontsize=10)
+        panels = [(g, name.rsplit("\n", 1)[-1], img) for g, name, img in panels]
     for row, group in zip(axes, groups):
         for ax, (_, name, img) in zip(row, [q for q in panels if q[0] == group]):
             ax.imshow(img)
