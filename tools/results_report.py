@@ -305,13 +305,10 @@ def one_lr_lines(rows: list[dict]) -> list[str]:
     """Markdown lines: the cells of the LR-chosen table where a seed ran at one LR only, so that the table shows that
     run and no choice: per method, ``Myo 4`` (every seed) or ``Myo 2 (seeds 1, 2)``; rows with one LR in every cell
     are named together."""
-    lrs = defaultdict(set)
-    for r in rows:
-        if r.get("kind") != "pretrain" and not r.get("ablation"):
-            lrs[(r["method"], r["task"], int(r["labelled_scans"]), int(r["seed"]))].add(r["lr"])
     cells = defaultdict(lambda: defaultdict(list))  # method -> (task, n) -> [(seed, LRs run)]
-    for (m, task, n, seed), tried in lrs.items():
-        cells[m][(task, n)].append((seed, len(tried)))
+    for (m, ablation, _, task, n, seed), tried in _lrs_run(rows).items():
+        if not ablation:
+            cells[m][(task, int(n))].append((int(seed), len(tried)))
     per_method, untuned = [], []
     for m in sorted(cells, key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m)):
         if all(k == 1 for seeds in cells[m].values() for _, k in seeds):
@@ -333,12 +330,19 @@ def one_lr_lines(rows: list[dict]) -> list[str]:
     return ["Where a seed ran at one LR only, the table shows that run, not a choice:", "", *per_method, ""]
 
 
-def _lrs_tried(rows: list[dict]) -> list[int]:
-    """How many LRs each (method, ablation, task, labelled scans, seed) cell was run at."""
+def _lrs_run(rows: list[dict]) -> dict:
+    """(method, ablation, ablation value, task, labelled scans, seed) -> the LRs its segmentation runs used."""
     groups = defaultdict(set)
     for r in rows:
-        groups[(r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"], r["seed"])].add(r["lr"])
-    return [len(v) for v in groups.values()] or [0]
+        if r.get("kind") != "pretrain":
+            groups[(r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"],
+                    r["seed"])].add(r["lr"])
+    return groups
+
+
+def _lrs_tried(rows: list[dict]) -> list[int]:
+    """How many LRs each (method, ablation, task, labelled scans, seed) cell was run at."""
+    return [len(v) for v in _lrs_run(rows).values()] or [0]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -702,7 +706,7 @@ def ablation_tables(abl: dict) -> list[str]:
             md.append(f"| {where}, paper | " + " | ".join("–" if v is None else f"{v:.2f}" for v in paper) + " |")
         md.append("")
         for p in pts:
-            if len(p) > 4 and p[4]:
+            if p[4]:
                 src, src_value = p[4]
                 md += [f"{ABLATION_LABELS.get(key, key)} = {p[0]:g} is the default point: the runs of "
                        f"{ABLATION_LABELS.get(src, src)} = {src_value:g}, shared by the three ablations.", ""]
@@ -726,7 +730,7 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
             colour, where = f"C{i}", f"{TASK_NAMES.get(task, task)} {n}"
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                         color=colour, label=f"{where}, ours")
-            lent = [p for p in pts if len(p) > 4 and p[4]]  # the shared default point: hollow
+            lent = [p for p in pts if p[4]]  # the shared default point: hollow
             if lent:
                 ax.plot([p[0] for p in lent], [p[1] for p in lent], linestyle="none", marker="o", markersize=9,
                         markerfacecolor="white", markeredgecolor=colour, zorder=3)
