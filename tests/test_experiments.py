@@ -221,6 +221,12 @@ def test_tagged_overrides_reach_every_command_and_keep_runs_apart(tmp_path):
     assert json.loads(grid[-1].meta["overrides"]) == {"optimizer#_target_": "torch.optim.Adam", "epochs": 50}
     tagged = [dict(r.meta, tag="adam") for r in grid if r.kind != "pretrain"]
     assert "- `[adam]`: fine-tuning `{\"epochs\": 50, \"optimizer#_target_\": \"torch.optim.Adam\"}`" in rr.tag_lines(tagged)
+    # a tag alone (no overrides) only gives the runs a row of their own, and the report says so
+    plain = [dict(r.meta) for r in ex.build_grid("acdc_fast", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                                                  methods="Baseline", tag="onepre")]
+    assert plain[0]["overrides"] == "{}" and "pretrain_overrides" not in plain[0]
+    assert rr.tag_lines(plain)[2] == "- `[onepre]`: no overrides: the preset's settings, in a row of their own"
+    assert "not recorded" in rr.tag_lines([{"tag": "old"}])[2]
     with pytest.raises(ex.ExperimentError, match="--tag"):
         ex.build_grid("acdc_fast", "D", tmp_path, overrides={"epochs": 1})
     with pytest.raises(ex.ExperimentError, match="dict of bundle overrides"):
@@ -424,6 +430,41 @@ def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_
     tuned = rr.select(rows, "tuned")
     assert sorted(r["test_dice"] for r in tuned) == [0.50, 0.60]  # seed 1 tie: the smaller LR
     assert sorted(r["test_dice"] for r in rr.select(rows, "paper")) == [0.40, 0.50]
+
+
+def test_mean_teacher_weight_search_runs_each_weight_and_the_report_chooses_it_on_validation(tmp_path):
+    grid = ex.build_grid("acdc_paper", "D", tmp_path, tasks="lv", counts=1, seeds="0,1", lrs=1e-4,
+                         methods="Baseline,Mean Teacher", mt_weights="0.1,10")
+    mt = [r for r in grid if r.kind == "meanteacher"]
+    assert sorted(r.name for r in mt) == ["mt_random_lv_n1_s0_lr1e-4_cw0.1", "mt_random_lv_n1_s0_lr1e-4_cw10",
+                                          "mt_random_lv_n1_s1_lr1e-4_cw0.1", "mt_random_lv_n1_s1_lr1e-4_cw10"]
+    for r in mt:  # the weight reaches the bundle's training command only, and the CSV through the meta
+        train, evaluate = r.commands
+        assert float(train[train.index("--consistency_weight") + 1]) == r.meta["consistency_weight"]
+        assert "--consistency_weight" not in evaluate
+    baseline = [r for r in grid if r.kind == "finetune"]
+    assert len(baseline) == 2 and all("consistency_weight" not in r.meta and "_cw" not in r.name for r in baseline)
+    # without mt_weights nothing changes: the bundle's default weight, the earlier names
+    assert {r.name for r in ex.build_grid("acdc_paper", "D", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
+                                          methods="Mean Teacher")} == {"mt_random_lv_n1_s0_lr1e-4"}
+    with pytest.raises(ex.ExperimentError, match="mt_weights"):
+        ex.build_grid("acdc_paper", "D", tmp_path, methods="Mean Teacher", mt_weights="-1")
+    # the paper's protocol picks the weight on validation at the paper's LR (the paper grid-searches it)
+    rows = [_row("Mean Teacher", "lv", 1, 0, 1e-4, 0.5, 0.40, consistency_weight=0.1),
+            _row("Mean Teacher", "lv", 1, 0, 1e-4, 0.7, 0.60, consistency_weight=10.0),
+            _row("Mean Teacher", "lv", 1, 1, 1e-4, 0.8, 0.70, consistency_weight=0.1),
+            _row("Mean Teacher", "lv", 1, 1, 1e-4, 0.6, 0.90, consistency_weight=10.0),
+            _row("Mean Teacher", "lv", 1, 0, 5e-4, 0.9, 0.20, consistency_weight=0.1)]
+    for r in rows:
+        r["name"] += f"-{r['consistency_weight']}"
+    paper = rr.select(rows, "paper")
+    assert sorted(r["test_dice"] for r in paper) == [0.60, 0.70]
+    md = rr.chosen_weight_lines(paper, rr.candidates(rows, "paper"))
+    assert md[4] == "| Mean Teacher | LV 1 | s0: 10, s1: 0.1 | 0.1: 55.0, 10: 75.0 |"
+    tuned = rr.select(rows, "tuned")  # LR and weight together: seed 0 takes 5e-4's best validation Dice
+    assert sorted(r["test_dice"] for r in tuned) == [0.20, 0.70]
+    assert rr.chosen_weight_lines(tuned, rows)[4] == "| Mean Teacher | LV 1 | s0: 0.1, s1: 0.1 | 0.1: 43.3 (n=3), 10: 75.0 |"
+    assert rr.chosen_weight_lines(rr.select(rows[:1], "paper"), rows[:1]) == []  # one weight: no choice to show
 
 
 def test_table_is_mean_and_std_over_seeds_with_the_best_in_bold():
@@ -776,7 +817,7 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
         start = committed.index(heading)
         committed = committed[:start] + committed[committed.index("\n## ", start) + 1:]
     assert (tmp_path / "README.md").read_text() == committed
-    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 27 | +17.9 (+1.1 to +52.0) | +14.6 |" in committed
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
 
 
 def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_path):

@@ -232,6 +232,24 @@ def test_ua_mt_mask_grows_as_the_threshold_rises():
     torch.testing.assert_close(step.teacher_uncertainty(x), ss.entropy_map(torch.softmax(net(x), 1)))
 
 
+def test_mean_teacher_consistency_is_the_papers_l_mt():
+    """L_MT = 1/(|D_u||Omega|) sum_x sum_i ||p^s_i(x) - p^t_i(x)||^2: summed over classes, averaged over pixels (and
+    over the masked-in pixels only with a mask); 0 for identical predictions, at most 2 (two one-hot vectors)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 4, 5, generator=g)
+    teacher = torch.softmax(torch.randn(2, 3, 4, 5, generator=g), 1)
+    per_pixel = ((torch.softmax(logits, 1) - teacher) ** 2).sum(1)  # [B, H, W]
+    assert float(ss.softmax_mse(logits, teacher)) == pytest.approx(float(per_pixel.mean()), rel=1e-6)
+    mask = torch.zeros(2, 1, 4, 5)
+    mask[0, 0, :2] = 1
+    assert float(ss.softmax_mse(logits, teacher, mask)) == pytest.approx(float(per_pixel[0, :2].mean()), rel=1e-6)
+    assert float(ss.softmax_mse(logits, teacher, torch.ones(2, 1, 4, 5))) == pytest.approx(float(per_pixel.mean()), rel=1e-6)
+    assert float(ss.softmax_mse(logits, torch.softmax(logits, 1))) < 1e-12
+    one_hot = torch.zeros(1, 2, 1, 1)
+    one_hot[0, 1] = 1.0
+    assert float(ss.softmax_mse(torch.tensor([[[[50.0]], [[-50.0]]]]), one_hot)) == pytest.approx(2.0, rel=1e-6)
+
+
 def test_ua_mt_step_reports_threshold_and_masks_the_consistency():
     torch.manual_seed(0)
     net = build_unet(out_channels=2, features=TINY)
@@ -285,7 +303,7 @@ def test_ict_student_matches_the_mix_of_teacher_predictions(monkeypatch):
     torch.testing.assert_close(seen["target"], step.teacher_prob(seen["x"]))
     torch.testing.assert_close(t_mix, lam.view(-1, 1, 1, 1) * seen["target"] + (1 - lam.view(-1, 1, 1, 1)) * seen["target"][perm])
     with torch.no_grad():
-        expected = ((torch.softmax(net(x_mix), 1) - t_mix) ** 2).mean()
+        expected = ((torch.softmax(net(x_mix), 1) - t_mix) ** 2).sum(1).mean()  # L_MT: summed over classes
     assert float(terms["loss_reg"].detach()) == pytest.approx(float(expected), rel=1e-4)
 
 

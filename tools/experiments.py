@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import json
+import math
 import os
 import shlex
 import signal
@@ -152,12 +153,16 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
 
 
 def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int, seed: int, lr: float,
-                     dataset_dir: str, work: Path, proto: Protocol, extra_meta: dict | None = None) -> Run:
+                     dataset_dir: str, work: Path, proto: Protocol, extra_meta: dict | None = None,
+                     consistency_weight: float | None = None) -> Run:
     """A fine-tune (``kind`` finetune) or a Mean Teacher run (``kind`` meanteacher): train, then evaluate the
-    best-validation checkpoint on the test scans. ``init`` is the pre-training run it starts from (None: random)."""
+    best-validation checkpoint on the test scans. ``init`` is the pre-training run it starts from (None: random).
+    ``consistency_weight``: a Mean Teacher run's weight of L_MT, in its name (``_cw0.1``) and meta (None: the
+    bundle's default, not named)."""
     init_name = init.name if init is not None else "random"
     prefix = {"finetune": "ft", "meanteacher": "mt"}[kind]
-    name = f"{prefix}_{init_name}_{task}_n{n}_s{seed}_lr{_fmt_lr(lr)}{proto.name_suffix}"
+    cw = "" if consistency_weight is None else f"_cw{consistency_weight:g}"
+    name = f"{prefix}_{init_name}_{task}_n{n}_s{seed}_lr{_fmt_lr(lr)}{cw}{proto.name_suffix}"
     out = work / "runs" / name
     common = {"dataset_dir": dataset_dir, "output_dir": str(out), "task": task, "labelled_scans": n,
               "split_seed": seed, "seed": seed}
@@ -166,11 +171,15 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
              "warmup_epochs": proto.finetune_warmup, "progress_bar": False}
     if kind == "meanteacher":
         train["rampup_epochs"] = proto.rampup_epochs
+        if consistency_weight is not None:
+            train["consistency_weight"] = consistency_weight
     train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
     commands = (_merge_args(_cmd([train_cfg], train), proto.finetune_overrides),
                 _merge_args(_cmd([train_cfg, eval_cfg], common), proto.finetune_overrides))
     meta = {"method": method, "init": init_name, "task": task, "labelled_scans": n, "seed": seed, "lr": lr,
             "paper_lr": proto.paper_lr, **(extra_meta or {})}
+    if consistency_weight is not None:
+        meta["consistency_weight"] = consistency_weight
     return Run(name, kind, commands, meta, (init.name,) if init else ())
 
 
@@ -270,8 +279,13 @@ def _overrides_args(overrides, what: str) -> tuple[str, ...]:
 
 def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=None, seeds=None, lrs=None,
                methods=None, only: str | None = None, tag: str | None = None, overrides: dict | None = None,
-               pretrain_overrides: dict | None = None) -> list[Run]:
+               pretrain_overrides: dict | None = None, mt_weights=None) -> list[Run]:
     """The runs of ``preset`` (see ``PRESETS``), optionally narrowed; pre-training runs first.
+
+    ``mt_weights``: Mean Teacher's consistency weights to search (``--mt_weights 0.01,0.1,1``; the paper picks it on
+    validation from 1e-4 to 10): each Mean Teacher / MT + Ours run is then run once per weight, named ``..._cw0.1``
+    and recorded with its ``consistency_weight``; the report chooses among them on validation. None: the bundle's
+    default weight, one run per cell.
 
     ``overrides`` / ``pretrain_overrides``: extra bundle overrides for every fine-tune and Mean Teacher run / every
     pre-training (e.g. another optimiser, a longer schedule). They need a ``tag``, which is appended to the names of
@@ -295,6 +309,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     if tag:  # what the tag means travels with each run into the CSV, so the report can say it
         tag_meta.update({k: json.dumps(v, sort_keys=True) for k, v in
                          (("overrides", overrides), ("pretrain_overrides", pretrain_overrides)) if v})
+        tag_meta.setdefault("overrides", "{}")  # a tag without overrides: the preset's settings in a row of its own
 
     def label(method: str) -> str:  # the report's row: tagged runs get rows of their own
         return f"{method} [{tag}]" if tag else method
@@ -327,6 +342,9 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
             pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag)
         return pre[key]
 
+    weights = _as_tuple(mt_weights, float) or ()
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise ExperimentError(f"mt_weights must be consistency weights >= 0, got {mt_weights!r}")
     for method in rows:
         variant, kind = METHODS[method]
         init = init_run(variant)
@@ -334,8 +352,9 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
             for n in counts:
                 for seed in seeds:
                     for lr in lrs:
-                        runs.append(segmentation_run(kind, label(method), init, task, n, seed, lr, dataset_dir,
-                                                     work, proto, tag_meta))
+                        for weight in (weights if kind == "meanteacher" and weights else (None,)):
+                            runs.append(segmentation_run(kind, label(method), init, task, n, seed, lr, dataset_dir,
+                                                         work, proto, tag_meta, consistency_weight=weight))
     for method in ablated:
         defaults, default_point_run = ablation_defaults(METHODS[method][0]), False
         for key, values in ABLATIONS.items():
@@ -358,7 +377,8 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     return narrow_runs(grid, only)
 
 
-PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides")
+PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides",
+             "mt_weights")
 
 
 def read_plan(plan) -> list[dict]:

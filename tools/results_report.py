@@ -111,6 +111,8 @@ def read_rows(csv_paths) -> list[dict]:
                 try:
                     for k in ("test_dice", "val_dice", "lr", "paper_lr"):
                         r[k] = float(r[k]) if r.get(k) not in (None, "") else math.nan
+                    cw = r.get("consistency_weight")  # a Mean Teacher run of a weight search (--mt_weights)
+                    r["consistency_weight"] = float(cw) if cw not in (None, "") else None
                     r["labelled_scans"], r["seed"] = int(r["labelled_scans"]), int(r["seed"])
                 except ValueError as e:
                     raise ReportError(f"{path}: row {r.get('name')}: {e}") from None
@@ -234,27 +236,53 @@ def group_tables(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]],
     return md
 
 
+def candidates(rows: list[dict], protocol: str, paper_lr: float | None = None) -> list[dict]:
+    """The segmentation runs a protocol may choose from: ``paper`` those at ``paper_lr`` (the argument when given,
+    one LR for every row, else each run's preset ``paper_lr``), ``tuned`` all."""
+    if protocol not in ("paper", "tuned"):
+        raise ReportError(f"unknown protocol {protocol!r} (paper | tuned)")
+    seg = [r for r in rows if r.get("kind") != "pretrain"]
+    if protocol == "tuned":
+        return seg
+    return [r for r in seg if math.isclose(r["lr"], r["paper_lr"] if paper_lr is None else paper_lr, rel_tol=1e-6)]
+
+
 def select(rows: list[dict], protocol: str, paper_lr: float | None = None) -> list[dict]:
-    """One row per (method, ablation, task, labelled scans, seed): ``paper`` keeps the run at ``paper_lr`` (the
-    argument when given, one LR for every row, else each run's preset ``paper_lr``); ``tuned`` keeps the LR with
-    the best validation Dice (ties: the smaller LR)."""
+    """One row per (method, ablation, task, labelled scans, seed) among the protocol's :func:`candidates`: the
+    run with the best validation Dice (ties: the smaller LR, then the first). Under ``paper`` that is the one run at
+    the paper's LR, or, for Mean Teacher runs at several consistency weights, the weight the validation split
+    chooses, as the paper grid-searches it; under ``tuned`` the LR (and weight) with the best validation Dice."""
     groups = defaultdict(list)
-    for r in rows:
-        if r.get("kind") == "pretrain":
-            continue
+    for r in candidates(rows, protocol, paper_lr):
         key = (r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"], r["seed"])
         groups[key].append(r)
-    out = []
-    for runs in groups.values():
-        if protocol == "paper":
-            chosen = [r for r in runs if math.isclose(r["lr"], r["paper_lr"] if paper_lr is None else paper_lr, rel_tol=1e-6)]
-            if chosen:
-                out.append(chosen[0])
-        elif protocol == "tuned":
-            out.append(max(runs, key=lambda r: (r["val_dice"], -r["lr"])))
-        else:
-            raise ReportError(f"unknown protocol {protocol!r} (paper | tuned)")
-    return out
+    return [max(runs, key=lambda r: (r["val_dice"], -r["lr"])) for runs in groups.values()]
+
+
+def chosen_weight_lines(chosen: list[dict], pool: list[dict]) -> list[str]:
+    """Markdown lines: for each method and cell where some seed ran at more than one Mean Teacher consistency
+    weight (among ``pool``, the protocol's candidates), the weight the validation Dice chose for each seed, and each
+    weight's test Dice x 100 as the mean over its runs."""
+    tried = defaultdict(lambda: defaultdict(list))
+    for r in pool:
+        if r.get("consistency_weight") is not None and not r.get("ablation"):
+            tried[(r["method"], r["task"], int(r["labelled_scans"]))][r["consistency_weight"]].append(100.0 * r["test_dice"])
+    cells = sorted((c for c in tried if len(tried[c]) > 1), key=lambda c: (c[0], TASK_ORDER.get(c[1], len(TASK_ORDER)), c[2]))
+    if not cells:
+        return []
+    picks = defaultdict(dict)
+    for r in chosen:
+        if r.get("consistency_weight") is not None:
+            picks[(r["method"], r["task"], int(r["labelled_scans"]))][int(r["seed"])] = r["consistency_weight"]
+    md = ["Mean Teacher's consistency weight, chosen for each seed on the validation split, and each weight's test "
+          "Dice (mean over its runs):", "", "| method | cell | chosen weight by seed | test Dice at each weight |",
+          "|---|---|---|---|"]
+    for c in cells:
+        md.append(f"| {c[0]} | {TASK_NAMES.get(c[1], c[1])} {c[2]} | "
+                  + ", ".join(f"s{seed}: {w:g}" for seed, w in sorted(picks[c].items())) + " | "
+                  + ", ".join(f"{w:g}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(picks[c]) else "")
+                              for w, v in sorted(tried[c].items())) + " |")
+    return md + [""]
 
 
 def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
@@ -561,8 +589,12 @@ def tag_lines(seg_rows: list[dict]) -> list[str]:
     md = ["Tagged rows (`Method [tag]`) ran the preset with these bundle overrides:", ""]
     for tag, variants in sorted(tags.items()):
         for ft, pre in sorted(variants):
-            what = "; ".join(x for x in (f"fine-tuning `{ft}`" if ft else "", f"pre-training `{pre}`" if pre else "") if x)
-            md.append(f"- `[{tag}]`: {what or 'overrides not recorded (runs older than this column)'}")
+            what = "; ".join(x for x in (f"fine-tuning `{ft}`" if ft not in ("", "{}") else "",
+                                         f"pre-training `{pre}`" if pre else "") if x)
+            if not what:
+                what = ("no overrides: the preset's settings, in a row of their own" if ft == "{}"
+                        else "overrides not recorded (runs older than this column)")
+            md.append(f"- `[{tag}]`: {what}")
     return md + [""]
 
 
@@ -831,7 +863,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
                markdown_table(methods, columns, cells), "", *(one_lr_lines(seg) if protocol == "tuned" else []),
                "Our mean minus the paper's (Dice points):", "",
                gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with),
-               *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else [])]
+               *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else []),
+               *chosen_weight_lines(chosen, candidates(seg, protocol, paper_lr))]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
         if png:
             written.append(png)

@@ -5,7 +5,7 @@ optimisation as fine-tuning, six semi-supervised methods; its best result is Mea
 pre-trained weights ("MT + Ours"). Each method is a value of ``method`` of :class:`SemiSupervisedStep`:
 
 - ``supervised``: cross-entropy on the labelled batch only (the paper's Baseline, for comparison);
-- ``mean_teacher`` (Perone & Cohen-Adad 2018): CE + w(t) * MSE(softmax(student), softmax(teacher)), the teacher
+- ``mean_teacher`` (Perone & Cohen-Adad 2018): CE + w(t) * L_MT (:func:`softmax_mse`), the teacher
   an exponential moving average (EMA, decay 0.99) of the student (:func:`ema_teacher`, torch's
   :class:`~torch.optim.swa_utils.AveragedModel`);
 - ``ua_mt`` (Yu et al. 2019): Mean Teacher whose consistency keeps only pixels where the teacher's uncertainty
@@ -117,14 +117,21 @@ def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
 
 
 def softmax_mse(student_logits: torch.Tensor, teacher_prob: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean Teacher's consistency ``mean_{i, c} (softmax(s)_ic - p^t_ic)^2`` over the pixels i (weighted by
-    ``mask`` [B, 1, H, W] in {0, 1} when given: the mean over masked-in pixels) and the C classes, in fp32.
-    ``student_logits`` and ``teacher_prob`` are [B, C, H, W]; the teacher is a target (no gradient)."""
-    sq = (torch.softmax(student_logits.float(), dim=1) - teacher_prob.detach().float()).pow(2)
+    """The paper's Mean Teacher consistency (appendix, "Mean Teacher"):
+
+        L_MT = 1 / (|D_u| |Omega|) * sum_{x in D_u} sum_{i in Omega} || p^s_i(x) - p^t_i(x) ||^2,
+
+    the squared distance between the student's class probabilities ``softmax(s)_i`` and the teacher's ``p^t_i``
+    summed over the C classes and averaged over the images and pixels i (the paper prints a minus sign before the
+    sum, a typo for a loss that is minimised). With ``mask`` [B, 1, H, W] in {0, 1} (UA-MT's certain pixels, the
+    pixels inside the teacher's view) the average runs over the masked-in pixels only. fp32. ``student_logits`` and
+    ``teacher_prob`` are [B, C, H, W]; the teacher is a target (no gradient). Before ``meanteacher_seg`` 0.4.0 this
+    averaged over the classes too, i.e. it was L_MT / C."""
+    sq = (torch.softmax(student_logits.float(), dim=1) - teacher_prob.detach().float()).pow(2).sum(dim=1, keepdim=True)
     if mask is None:
         return sq.mean()
     mask = mask.float()
-    return (sq * mask).sum() / (mask.sum() * sq.shape[1]).clamp_min(1.0)
+    return (sq * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def entropy_map(prob: torch.Tensor) -> torch.Tensor:
