@@ -108,11 +108,17 @@ def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
 def test_the_committed_gpu_plans_build(plan, tmp_path):
     # a plan that fails to build would cost a GPU call to find out; u.json: one pre-training for all 54 [onepre] runs
     grid = ex.build_plan(plan, "/d", tmp_path)
-    assert grid and grid[0].kind == "pretrain"
+    kinds = [r.kind for r in grid]
+    assert grid and kinds[:kinds.count("pretrain")] == ["pretrain"] * kinds.count("pretrain")  # pre-trainings first
     if plan.name == "u.json":
         onepre = [r for r in grid if r.name.endswith("_onepre")]
         assert len(onepre) == 54 and {r.depends for r in onepre} == {("pre_full",)}
         assert len([r for r in grid if r.name.startswith("ft_random_myo_")]) == 11
+    if plan.name == "x.json":  # Mean Teacher's weight search, seed 0 first, and the BatchNorm diagnosis
+        assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0"
+        labbn = [r for r in grid if r.name.endswith("_labbn")]
+        assert len(labbn) == 4 and all(r.commands[0][r.commands[0].index("--unlabelled_bn_stats") + 1] == "False"
+                                       for r in labbn)
 
 @pytest.mark.parametrize("plan, match", [
     ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),

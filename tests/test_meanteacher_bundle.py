@@ -82,12 +82,14 @@ def test_evaluate_and_inference_as_finetune_seg(mean_teacher_run, demo_dataset, 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "mean_teacher"])
 def test_method_runs_end_to_end(method, tmp_path, demo_dataset):
+    # ua_mt runs with unlabelled_bn_stats false: the key reaches the step, the others keep the default
     wf = workflow("meanteacher_seg", ["train.json", f"variants/{method}.json"], output_dir=str(tmp_path),
                   dataset_dir=str(demo_dataset), epochs=1, iters_per_epoch=2, resume_from=None,
-                  **{**FAST, "features": list(SMALL_TUPLE)})
+                  **{**FAST, "features": list(SMALL_TUPLE), "unlabelled_bn_stats": method != "ua_mt"})
     assert wf.check_properties() == []
     wf.run()
     trainer = wf.parser.get_parsed_content("train#trainer")
+    assert wf.parser.get_parsed_content("train#step").unlabelled_bn_stats is (method != "ua_mt")
     terms = trainer.state.output["terms"]
     assert trainer.state.iteration == 2 and (tmp_path / "model.pt").is_file()
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in terms.values())

@@ -425,6 +425,39 @@ def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_f
     assert torch.allclose(preds[0], preds[1], atol=1e-6) is (not joint)
 
 
+@pytest.mark.parametrize("bn_stats", [True, False])
+def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_bn_stats(bn_stats):
+    """``unlabelled_bn_stats`` false: the student's running statistics after a step do not depend on the unlabelled
+    images (the eval-mode student normalises as a fine-tuned one); true (default): they do. Either way the batch
+    statistics, and so the training loss, are the same."""
+    states, losses = [], []
+    for unlabelled_seed in (1, 2):
+        torch.manual_seed(0)
+        net = build_unet(out_channels=2, features=TINY)
+        step = _step("mean_teacher", net, lr=0.0, unlabelled_bn_stats=bn_stats)
+        batch = _batch(seed=0)
+        batch["unlabelled"] = _batch(seed=unlabelled_seed)["unlabelled"] * 3.0
+        losses.append(float(step(net, batch, 0)["loss_sup"]))
+        states.append({k: v for k, v in net.state_dict().items() if "running" in k})
+    assert states[0] and losses[0] == pytest.approx(losses[1], abs=1e-6)
+    same = all(torch.allclose(states[0][k], states[1][k]) for k in states[0])
+    assert same is (not bn_stats)
+
+
+def test_bn_statistics_snapshot_restores_the_running_statistics():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3).train()
+    x = torch.randn(4, 3, 5, 5) * 4 + 2
+    before = {k: v.clone() for k, v in bn.state_dict().items()}
+    snapshot = ss.bn_statistics(nn.Sequential(bn))
+    assert len(snapshot) == 3
+    y = bn(x)
+    assert not torch.equal(before["running_mean"], bn.running_mean)
+    torch.testing.assert_close(y.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-5, rtol=0)  # batch statistics
+    ss.restore_bn_statistics(snapshot)
+    assert all(torch.equal(before[k], v) for k, v in bn.state_dict().items())
+
+
 @pytest.mark.parametrize("method", ss.METHODS)
 def test_every_method_takes_its_labelled_term_from_supervised_loss_function(method):
     """The bundles' ``loss_function`` reaches the labelled term of every method: called with fp32 logits

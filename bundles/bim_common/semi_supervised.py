@@ -99,6 +99,21 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     return teacher
 
 
+def bn_statistics(network: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A snapshot of the running statistics (mean, variance, batches tracked) of ``network``'s BatchNorm layers:
+    (buffer, copy) pairs for :func:`restore_bn_statistics`."""
+    return [(b, b.detach().clone()) for m in _unwrap(network).modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+
+
+@torch.no_grad()
+def restore_bn_statistics(snapshot: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put the running statistics of a :func:`bn_statistics` snapshot back, in place. Call it after the backward
+    pass: autograd keeps the buffers of a train-mode BatchNorm forward and refuses them modified before."""
+    for buffer, saved in snapshot:
+        buffer.copy_(saved)
+
+
 def _unwrap(network: nn.Module) -> nn.Module:
     network = getattr(network, "module", network)  # DistributedDataParallel
     return getattr(network, "_orig_mod", network)  # torch.compile
@@ -261,6 +276,7 @@ class SemiSupervisedStep:
         channels_last: bool = True,
         teacher_batch_stats: bool = True,
         joint_student_batch: bool = False,
+        unlabelled_bn_stats: bool = True,
         supervised_loss_function=None,
     ) -> None:
         if method not in METHODS:
@@ -287,6 +303,8 @@ class SemiSupervisedStep:
         self.bf16, self.channels_last = bool(bf16), bool(channels_last)
         self.teacher_batch_stats = bool(teacher_batch_stats)
         self.joint_student_batch = bool(joint_student_batch)
+        self.unlabelled_bn_stats = bool(unlabelled_bn_stats)
+        self._bn_after_labelled = None
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
 
     # ---- helpers
@@ -310,10 +328,18 @@ class SemiSupervisedStep:
         every method collapse in eval mode (predicting foreground everywhere, 3D Dice ~0.03), even with the
         regulariser weight at 0: through the shared batch statistics the labelled cross-entropy steers the
         activations of the unlabelled images, which it does not supervise, and validation images look like the
-        unlabelled ones. See ``bundles/meanteacher_seg/docs/README.md``."""
+        unlabelled ones. See ``bundles/meanteacher_seg/docs/README.md``.
+
+        ``unlabelled_bn_stats`` false (separate forwards only): the step puts BatchNorm's running statistics back to
+        what the labelled forward left, so the unlabelled images do not move them and the eval-mode student
+        normalises with the labelled batches' statistics alone, as a fine-tuned network does; true (default): every
+        forward updates them."""
         if self.joint_student_batch:
             return self._forward(student, torch.cat(parts))
-        return torch.cat([self._forward(student, p) for p in parts])
+        logits = [self._forward(student, parts[0])]
+        if not self.unlabelled_bn_stats and len(parts) > 1:  # put back by __call__ after the backward pass
+            self._bn_after_labelled = bn_statistics(student)
+        return torch.cat(logits + [self._forward(student, p) for p in parts[1:]])
 
     def _jitter(self, x: torch.Tensor) -> torch.Tensor:
         if self.augment.brightness or self.augment.contrast:
@@ -382,6 +408,9 @@ class SemiSupervisedStep:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
+        if self._bn_after_labelled is not None:  # unlabelled_bn_stats false: see _student
+            restore_bn_statistics(self._bn_after_labelled)
+            self._bn_after_labelled = None
         if self.method in TEACHER_METHODS:
             self.teacher.update_parameters(_unwrap(student))
         if self.method == "adversarial":

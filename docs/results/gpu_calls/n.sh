@@ -184,7 +184,8 @@ t|u|v|w|x)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (elevent
   # Teacher step is ~5x a fine-tune's), the full method's three LRs at 1 scan from the pre-training MT + Ours uses
   # ([onepre]), then the baseline's missing Myo runs. x (prepared in the twelfth session, not run): Mean Teacher's
   # consistency weight searched on validation, 0 / 1 / 10 (meanteacher_seg 0.4.0's L_MT), LV/RV/Myo at 1 scan, seed 0
-  # first, then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead.
+  # first (LV and Myo, then the BatchNorm diagnosis [labbn]: unlabelled_bn_stats false at weights 0 and 1, then RV),
+  # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead.
   # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
   # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
   # ONLY='["ft_random_myo_*"]').
