@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # CPU proxy (2 cores): why does Mean Teacher from random init score below the supervised baseline at 1 labelled scan
 # (calls W, seed 0: LV 28.9 against the baseline's 64.7)? meanteacher_seg, LV, 1 labelled scan, seed ${SEED:-0}, tiny U-Net (8-128),
-# 128-pixel crops, 8 x 100 iterations, LR 1e-3, the ACDC default augmentation. Three runs that differ in one thing each:
+# 128-pixel crops, 8 x 100 iterations, LR 1e-3, the ACDC default augmentation. Four runs that differ in one thing each:
 #   supervised     the labelled cross-entropy only (no unlabelled forward);
 #   mt_w0          Mean Teacher with consistency weight 0: the same loss, plus the student's forward of the unlabelled
 #                  batch (which updates BatchNorm's running statistics) and the teacher;
+#   mt_w0_labbn    mt_w0 with unlabelled_bn_stats false: the unlabelled forward leaves the running statistics alone;
 #   mt_w1          Mean Teacher at consistency weight 1 (meanteacher_seg 0.4.0's L_MT: twice calls W's term).
 # Needs meanteacher_seg >= 0.4.0 (the runs quoted in docs/results/README.md, Next steps 4, ran at commit 9782131).
 # Full ACDC prepared with python -m data_prep acdc <ACDC>/training /tmp/acdc384. Prints val per epoch and test Dice.
@@ -25,4 +26,6 @@ mkdir -p $O
 one supervised --method supervised &
 one mt_w0 --method mean_teacher --consistency_weight 0.0 &
 wait
-one mt_w1 --method mean_teacher --consistency_weight 1.0
+one mt_w0_labbn --method mean_teacher --consistency_weight 0.0 --unlabelled_bn_stats false &
+one mt_w1 --method mean_teacher --consistency_weight 1.0 &
+wait
