@@ -444,6 +444,22 @@ def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_
     assert same is (not bn_stats)
 
 
+def test_boolean_settings_take_command_line_strings_and_refuse_others():
+    """``--unlabelled_bn_stats false`` reaches the step as the string 'false' (bool('false') is True)."""
+    from bim_common.engine import as_flag
+
+    assert [as_flag(v, "k") for v in (True, False, "false", "False", "TRUE", "1", "0", 1, 0)] == \
+        [True, False, False, False, True, True, False, True, False]
+    for bad in ("no", "", None, 2, 0.5):
+        with pytest.raises(ValueError, match="unlabelled_bn_stats must be true or false"):
+            as_flag(bad, "unlabelled_bn_stats")
+    step = _step("mean_teacher", build_unet(out_channels=2, features=TINY), unlabelled_bn_stats="false",
+                 joint_student_batch="False")
+    assert step.unlabelled_bn_stats is False and step.joint_student_batch is False
+    with pytest.raises(ValueError, match="teacher_batch_stats"):
+        _step("mean_teacher", build_unet(out_channels=2, features=TINY), teacher_batch_stats="maybe")
+
+
 def test_bn_statistics_snapshot_restores_the_running_statistics():
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(3).train()

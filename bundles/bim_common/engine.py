@@ -71,6 +71,19 @@ class RandomState:
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
+def as_flag(value, key: str) -> bool:
+    """A bundle's boolean setting: a bool, or the strings ``true`` / ``false`` (any case) or ``1`` / ``0`` that a
+    command line gives (``--unlabelled_bn_stats false`` arrives as the string 'false', which Python's ``bool`` would
+    take for true). Anything else is a ``ValueError`` naming ``key``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
 def bf16_autocast(device: torch.device | str, enabled: bool = True):
     """bf16 autocast where it pays: on CUDA devices. On the CPU it is a no-op (bf16 convolutions without
     hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores)."""

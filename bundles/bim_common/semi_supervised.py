@@ -39,7 +39,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore
-from .engine import bf16_autocast
+from .engine import as_flag, bf16_autocast
 from .gpu_augment import random_affine_matrices, random_intensity_jitter, warp
 from .segmentation import labelled_cross_entropy
 
@@ -294,16 +294,16 @@ class SemiSupervisedStep:
         self.method, self.augment, self.optimizer, self.num_classes = method, augment, optimizer, int(num_classes)
         self.teacher, self.weight = teacher, float(weight)
         self.rampup_iterations, self.total_iterations = int(rampup_iterations), int(total_iterations)
-        self.consistency_on_labelled = bool(consistency_on_labelled)
+        self.consistency_on_labelled = as_flag(consistency_on_labelled, "consistency_on_labelled")
         self.view_rotation_deg, self.view_scale_range = float(view_rotation_deg), tuple(view_scale_range)
         self.view_flip_prob = float(view_flip_prob)
         self.uncertainty_passes, self.uncertainty_noise = int(uncertainty_passes), float(uncertainty_noise)
         self.ict_alpha, self.mixup_alpha = float(ict_alpha), float(mixup_alpha)
         self.discriminator, self.discriminator_optimizer = discriminator, discriminator_optimizer
-        self.bf16, self.channels_last = bool(bf16), bool(channels_last)
-        self.teacher_batch_stats = bool(teacher_batch_stats)
-        self.joint_student_batch = bool(joint_student_batch)
-        self.unlabelled_bn_stats = bool(unlabelled_bn_stats)
+        self.bf16, self.channels_last = as_flag(bf16, "bf16"), as_flag(channels_last, "channels_last")
+        self.teacher_batch_stats = as_flag(teacher_batch_stats, "teacher_batch_stats")
+        self.joint_student_batch = as_flag(joint_student_batch, "joint_student_batch")
+        self.unlabelled_bn_stats = as_flag(unlabelled_bn_stats, "unlabelled_bn_stats")
         self._bn_after_labelled = None
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
 
