@@ -9,7 +9,7 @@ D=${1:-/tmp/acdc384}; W=${2:-/tmp/cpu_cq}; F='[8,16,32,64,128,8]'; mkdir -p $W
 one() { v=$1
   cfg="['bundles/pretrain_bim/configs/train.json','bundles/pretrain_bim/configs/variants/$v.json']"
   OMP_NUM_THREADS=1 python -m monai.bundle run --config_file "$cfg" --dataset_dir $D --output_dir $W/$v --features "$F" \
-    --crop_size 96 --scans_per_batch 3 --epochs 15 --iters_per_epoch 100 --warmup_epochs 2 --progress_bar false \
+    --crop_size 96 --scans_per_batch 3 --epochs 15 --iters_per_epoch 100 --warmup_epochs 2 --progress_bar False \
     --log_every 100 --panel_every 500 --save_every 500 > $W/$v.log 2>&1 || { echo "$v failed"; tail -5 $W/$v.log; return; }
   cfg="['bundles/pretrain_bim/configs/train.json','bundles/pretrain_bim/configs/variants/$v.json','bundles/pretrain_bim/configs/evaluate.json']"
   OMP_NUM_THREADS=1 python -m monai.bundle run --config_file "$cfg" --dataset_dir $D --output_dir $W/$v --features "$F" \

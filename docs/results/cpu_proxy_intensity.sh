@@ -8,7 +8,7 @@ D=${DATA:-/tmp/acdc384}; O=/tmp/cpu_int
 one() { n=$1; s=$2; shift 2
   common=(--dataset_dir $D --task lv --labelled_scans 1 --split_seed $s --seed $s --features "[8,16,32,64,128,8]" --output_dir $O/$n)
   OMP_NUM_THREADS=1 python -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json "${common[@]}" --crop_size 128 \
-    --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --progress_bar false --log_every 100 --save_every 100000 \
+    --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --progress_bar False --log_every 100 --save_every 100000 \
     --learning_rate 1e-4 --optimizer#_target_ torch.optim.Adam "$@" > $O/$n.log 2>&1
   OMP_NUM_THREADS=1 python -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" \
     "${common[@]}" >> $O/$n.log 2>&1

@@ -15,7 +15,7 @@ one() { n=$1; shift
   common=(--dataset_dir $D --task lv --labelled_scans 1 --split_seed $S --seed $S --features "[8,16,32,64,128,8]"
           --output_dir $O/$n)
   OMP_NUM_THREADS=1 python -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json "${common[@]}" \
-    --crop_size 128 --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --rampup_epochs 2 --progress_bar false \
+    --crop_size 128 --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --rampup_epochs 2 --progress_bar False \
     --log_every 100 --save_every 100000 --learning_rate 1e-3 "$@" > $O/$n.log 2>&1
   OMP_NUM_THREADS=1 python -m monai.bundle run \
     --config_file "['bundles/meanteacher_seg/configs/train.json','bundles/meanteacher_seg/configs/evaluate.json']" \
@@ -26,6 +26,6 @@ mkdir -p $O
 one supervised --method supervised &
 one mt_w0 --method mean_teacher --consistency_weight 0.0 &
 wait
-one mt_w0_labbn --method mean_teacher --consistency_weight 0.0 --unlabelled_bn_stats false &
+one mt_w0_labbn --method mean_teacher --consistency_weight 0.0 --unlabelled_bn_stats False &
 one mt_w1 --method mean_teacher --consistency_weight 1.0 &
 wait

@@ -8,12 +8,12 @@ D=${1:-/tmp/acdc384}; W=${2:-/tmp/cpu_order}; F='[8,16,32,64,128,8]'; mkdir -p $
 for v in ours_mi_cc full; do
   python -m monai.bundle run --config_file "['bundles/pretrain_bim/configs/train.json','bundles/pretrain_bim/configs/variants/$v.json']" \
     --dataset_dir $D --output_dir $W/pre_$v --features "$F" --crop_size 96 --scans_per_batch 3 --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 \
-    --progress_bar false --log_every 20 --panel_every 300 > $W/pre_$v.log 2>&1 || { echo "pre_$v failed"; tail -5 $W/pre_$v.log; }
+    --progress_bar False --log_every 20 --panel_every 300 > $W/pre_$v.log 2>&1 || { echo "pre_$v failed"; tail -5 $W/pre_$v.log; }
 done
 ft() { local n=$1 init=$2; shift 2
   python -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json --dataset_dir $D --task lv --labelled_scans 1 \
     --features "$F" --crop_size 128 --epochs 8 --iters_per_epoch 100 --warmup_epochs 1 --learning_rate 1e-4 --pretrained $init \
-    --output_dir $W/$n --progress_bar false --log_every 100 "$@" > $W/$n.log 2>&1
+    --output_dir $W/$n --progress_bar False --log_every 100 "$@" > $W/$n.log 2>&1
   python -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" \
     --dataset_dir $D --task lv --labelled_scans 1 --features "$F" --output_dir $W/$n >> $W/$n.log 2>&1
   echo "$n best val $(python -c "import json; print(round(json.load(open('$W/$n/best_metric.json'))['value'], 3))") test $(python -c "import json,glob; print(round(json.load(open(glob.glob('$W/$n/eval/*summary.json')[0]))['mean'], 3))")"
