@@ -58,7 +58,7 @@ def pretrained(tmp_path_factory) -> Path:
     monai_bundle(
         "run", "--config_file", "bundles/pretrain_bim/configs/train.json", "--output_dir", str(out), "--epochs", "1",
         "--iters_per_epoch", "4", "--crop_size", "64", "--scans_per_batch", "2", "--features", SMALL,
-        "--progress_bar", "false", "--panel_every", "1000",
+        "--progress_bar", "False", "--panel_every", "1000",
     )
     assert (out / "model.pt").is_file()
     return out / "model.pt"
