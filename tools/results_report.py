@@ -537,7 +537,7 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     return out
 
 
-def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3, ablations: bool = False) -> Path | None:
+def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 2, ablations: bool = False) -> Path | None:
     """The last cluster panel of each pre-training side by side, first ``max_rows`` slices: the variants, or with
     ``ablations`` the ablations' pre-trainings in the order of their values, one figure row per ablation."""
     import matplotlib
@@ -561,7 +561,7 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 3
         return None
     groups = list(dict.fromkeys(g for g, _, _ in panels))
     cols = max(sum(g == group for g, _, _ in panels) for group in groups)
-    fig, axes = plt.subplots(len(groups), cols, figsize=(2.5 * cols, 3.2 * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), cols, figsize=(2.5 * cols, (0.4 + 0.95 * max_rows) * len(groups)), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     common = {name.rsplit("\n", 1)[0] for _, name, _ in panels} if ablations else set()
