@@ -636,7 +636,8 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
     for r in seg:
         mine = [float(x["dice"]) for x in scans if x["name"] == r["name"]]
         assert len(mine) == int(r["test_scans"]) and sum(mine) / len(mine) == pytest.approx(float(r["test_dice"]), abs=1e-5)
-    assert {x["method"] for x in scans} == {r["method"] for r in seg} and all(x["scan"] for x in scans)
+    assert {x["name"] for x in scans} == {r["name"] for r in seg} and all(x["scan"] for x in scans)
+    assert list(scans[0]) == ["name", "scan", "dice"]  # the rest of a run is its row of the results CSV
     # resumable: a second call runs nothing
     assert ex.run_grid(grid, work, jobs=2, log=lambda s: None)["skipped_existing"] == len(grid)
 

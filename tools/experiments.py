@@ -728,7 +728,7 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     return counts
 
 
-PER_SCAN_KEYS = ("name", "preset", "method", "task", "labelled_scans", "seed", "lr", "scan", "dice")
+PER_SCAN_KEYS = ("name", "scan", "dice")  # the run's method, task, seed and LR are its row of the results CSV
 
 
 def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
@@ -745,7 +745,7 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
 
 def per_scan_rows(work: Path, results: list[dict]) -> list[dict]:
     """The test Dice of every scan of every finished segmentation run (its evaluation's ``eval/*_dice.csv``),
-    labelled with the run's method, task, labelled scans, seed and LR."""
+    keyed by the run's name (its row of the results CSV says the rest)."""
     rows = []
     for res in results:
         if res.get("kind") == "pretrain":
@@ -755,7 +755,7 @@ def per_scan_rows(work: Path, results: list[dict]) -> list[dict]:
             continue
         with open(dice_csvs[-1], newline="") as f:
             for scan in csv.DictReader(f):
-                rows.append({**{k: res.get(k, "") for k in PER_SCAN_KEYS}, "scan": scan["scan"], "dice": scan["dice"]})
+                rows.append({"name": res["name"], "scan": scan["scan"], "dice": scan["dice"]})
     return rows
 
 
