@@ -119,6 +119,13 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         labbn = [r for r in grid if r.name.endswith("_labbn")]
         assert len(labbn) == 4 and all(r.commands[0][r.commands[0].index("--unlabelled_bn_stats") + 1] == "False"
                                        for r in labbn)
+    if plan.name == "y.json":  # what calls X left of x.json, after the [noview] diagnosis; names as calls X's
+        assert len(grid) == 21 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_noview"
+        x_names = {r.name for r in ex.build_plan(plan.with_name("x.json"), "/d", tmp_path)}
+        assert {r.name for r in grid if not r.name.endswith("_noview")} < x_names
+        for r in (r for r in grid if r.name.endswith("_noview")):
+            args = dict(zip(r.commands[0][4::2], r.commands[0][5::2]))
+            assert (args["--view_rotation_deg"], args["--view_scale_range"], args["--view_flip_prob"]) == ("0.0", "[1.0, 1.0]", "0.0")
 
 @pytest.mark.parametrize("plan, match", [
     ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),
@@ -365,7 +372,8 @@ def test_gpu_ids_count_within_the_parents_visible_devices():
 
 def test_a_rerun_after_an_interruption_counts_its_attempts(tmp_path):
     # first attempt fails (as a run killed by a call's timeout would leave it), the second finishes: the record says
-    # it is attempt 2 and keeps when attempt 1 started, since wall_s then covers attempt 2 only
+    # it is attempt 2, keeps when attempt 1 started and how long it ran: wall_s covers attempt 2 only,
+    # wall_s_all_attempts both
     model = tmp_path / "runs" / "pre_x" / "model.pt"
     code = (f"import pathlib, sys; m = pathlib.Path({str(model)!r}); flag = m.with_name('tried'); "
             "sys.exit(1) if not flag.exists() and not flag.touch() else m.write_text('w')")
@@ -378,6 +386,14 @@ def test_a_rerun_after_an_interruption_counts_its_attempts(tmp_path):
     record = json.loads((model.parent / "run.json").read_text())
     assert result["attempt"] == 2 and record["status"] == "done"
     assert record["earlier_attempts_started"] == [first["started"]]
+    assert record["earlier_attempts_wall_s"] == [first["wall_s"]]
+    assert result["wall_s_all_attempts"] == pytest.approx(first["wall_s"] + result["wall_s"], abs=0.11)
+    # an attempt killed before it recorded its time leaves the total unknown, not undercounted
+    record.update(status="running", started="2026-01-01T00:00:00")
+    del record["wall_s"]
+    (model.parent / "run.json").write_text(json.dumps(record))
+    third = ex.execute(run, tmp_path)
+    assert third["attempt"] == 3 and third["wall_s_all_attempts"] is None
 
 
 def test_a_run_that_writes_no_results_fails_with_its_folder_named(tmp_path):
@@ -602,6 +618,10 @@ def test_report_relabels_rows_of_the_same_settings_and_takes_one_lr_for_the_pape
     clash.write_text(csv_path.read_text() + "ft_aug2,finetune,Baseline [longaug],lv,2,0,1e-4,1e-4,0.5,0.50\n")
     with pytest.raises(rr.ReportError, match="runs ft_paper and ft_aug2 both give Baseline's cell lv, 2 scan"):
         rr.write_report([clash], tmp_path / "out2", relabel={"Baseline [longaug]": "Baseline"})
+    # the runs of a consistency-weight search share every other key of a cell, and do not clash
+    search = [_row("Mean Teacher", "lv", 1, 0, 1e-4, 0.5, 0.5, consistency_weight=w) for w in (0.0, 1.0)]
+    search[1]["name"] += "_cw1"
+    assert rr.relabel_rows(search + [_row("MT [x]", "lv", 1, 0, 1e-4, 0.5, 0.5)], {"MT [x]": "MT"})
 
 
 # ------------------------------------------------------------------------------- end to end: bundles on demo data

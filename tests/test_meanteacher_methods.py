@@ -183,6 +183,22 @@ def test_geometric_alignment_with_an_identity_like_network():
     torch.testing.assert_close(terms["label"].float(), terms["image"].round())  # label warped with the student's view
 
 
+def test_without_the_view_transform_the_labelled_student_sees_the_baselines_augmentation():
+    # plan y's [noview] diagnosis: rotation 0, zoom 1 and no flips make A the identity, so the student's labelled view
+    # warp(x, M @ A) is the fine-tuning bundle's warp(x, M) and Mean Teacher at weight 0 trains as the baseline does
+    net = OneHotNet()
+    step = _step("mean_teacher", net, augment=_exact_augment(), view_rotation_deg=0.0, view_scale_range=(1.0, 1.0),
+                 view_flip_prob=0.0)
+    torch.testing.assert_close(step.view_matrices(8), torch.eye(3, dtype=torch.float64).expand(8, 3, 3))
+    x = _blobs(4)
+    t_view, s_view, m, a = step.teacher_student_views(x)
+    torch.testing.assert_close(s_view, t_view)  # jitter aside (none here), teacher and student see one view
+    torch.testing.assert_close(s_view, ss.warp(x, m, (32, 32)))
+    # the default view transform does move the student's labelled view away from the baseline's
+    moved = _step("mean_teacher", net, augment=_exact_augment())
+    assert not torch.allclose(moved.view_matrices(8), torch.eye(3, dtype=torch.float64).expand(8, 3, 3))
+
+
 def test_geometric_alignment_with_rotations_and_zoom():
     """With the bundle's random rotation/zoom (bilinear resampling) the warped teacher prediction matches the
     student's up to interpolation, far better than the unwarped one."""

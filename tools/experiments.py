@@ -585,14 +585,17 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     """Run the commands of ``run`` (logging to ``log.txt``), then write ``run.json`` and ``result.json``."""
     out = run_dir(work_dir, run)
     out.mkdir(parents=True, exist_ok=True)
-    # an interrupted earlier attempt (its bundle resumes from its checkpoints): wall_s then counts this attempt only
+    # an interrupted earlier attempt (its bundle resumes from its checkpoints): wall_s counts this attempt only,
+    # wall_s_all_attempts adds the earlier ones (None when one of them was killed before it could record its time)
     previous = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     record = {"name": run.name, "kind": run.kind, "meta": run.meta, "commands": [shlex.join(c) for c in run.commands],
               "commit": _git_commit(), "gpu": _gpu_name(), "host": os.uname().nodename, "status": "running",
               "cuda_visible_devices": (env or os.environ).get("CUDA_VISIBLE_DEVICES"),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "attempt": int(previous.get("attempt", 0)) + 1,
               "earlier_attempts_started": previous.get("earlier_attempts_started", []) + (
-                  [previous["started"]] if "started" in previous else [])}
+                  [previous["started"]] if "started" in previous else []),
+              "earlier_attempts_wall_s": previous.get("earlier_attempts_wall_s", []) + (
+                  [previous.get("wall_s")] if "started" in previous else [])}
     atomic_write_json(record, out / "run.json")
     start = time.perf_counter()
     with open(out / "log.txt", "a") as log:
@@ -605,7 +608,10 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
                 atomic_write_json(record, out / "run.json")
                 raise ExperimentError(f"run {run.name} failed (exit {rc}); see {out / 'log.txt'}")
     record.update(status="done", wall_s=round(time.perf_counter() - start, 1))
-    result = {**result_of(run, out), "wall_s": record["wall_s"], "attempt": record["attempt"],
+    earlier = record["earlier_attempts_wall_s"]
+    record["wall_s_all_attempts"] = None if None in earlier else round(record["wall_s"] + sum(earlier), 1)
+    result = {**result_of(run, out), "wall_s": record["wall_s"], "wall_s_all_attempts": record["wall_s_all_attempts"],
+              "attempt": record["attempt"],
               "commit": record["commit"], "gpu": record["gpu"], "command": record["commands"][0]}
     atomic_write_json(record, out / "run.json")
     atomic_write_json(result, out / "result.json")
@@ -768,7 +774,7 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
         raise ExperimentError(f"{work}: no runs/*/result.json yet (run the grid first)")
     keys = ["name", "kind", "preset", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
             "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
-            "attempt", "gpu", "commit", "panel", "command"]
+            "wall_s_all_attempts", "attempt", "gpu", "commit", "panel", "command"]
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
     scans = per_scan_rows(work, rows)

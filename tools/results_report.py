@@ -783,7 +783,7 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
     """Report the rows of one label under another (``{"Baseline [longaug]": "Baseline"}``): for runs that used
     the same settings under another name, e.g. a tag whose overrides later became the bundles' default. Changes
     ``rows`` in place and returns one markdown line per label moved. A label found in no row, or two runs
-    landing in the same cell (method, task, labelled scans, seed, LR), is a ``ReportError``."""
+    landing in the same cell (method, task, labelled scans, seed, LR, consistency weight), is a ``ReportError``."""
     present = {r.get("method") for r in rows if r.get("kind") != "pretrain"}
     unknown = sorted(set(relabel) - present)
     if unknown:
@@ -794,7 +794,7 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
             continue
         r["method"] = relabel.get(r["method"], r["method"])
         key = (r["method"], r.get("ablation", ""), r.get("ablation_value", ""), r["task"], r["labelled_scans"],
-               r["seed"], r["lr"])
+               r["seed"], r["lr"], r.get("consistency_weight"))  # a weight search's runs share the rest
         if key in cells:
             raise ReportError(f"relabel: runs {cells[key]} and {r.get('name')} both give {r['method']}'s cell "
                               f"{r['task']}, {r['labelled_scans']} scan(s), seed {r['seed']}, LR {r['lr']:g}")

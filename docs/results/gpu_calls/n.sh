@@ -175,7 +175,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -185,7 +185,11 @@ t|u|v|w|x)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (elevent
   # ([onepre]), then the baseline's missing Myo runs. x (prepared in the twelfth session, not run): Mean Teacher's
   # consistency weight searched on validation, 0 / 1 / 10 (meanteacher_seg 0.4.0's L_MT), LV/RV/Myo at 1 scan, seed 0
   # first (LV and Myo, then the BatchNorm diagnosis [labbn]: unlabelled_bn_stats false at weights 0 and 1, then RV),
-  # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead.
+  # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead. Calls X
+  # (thirteenth session) ran seed 0 and LV seed 1. y (prepared in the thirteenth session, not run): the [noview]
+  # diagnosis first (Mean Teacher without the student's extra view transform, so that at weight 0 its labelled images
+  # get the baseline's augmentation; weights 0 and 1, LV and Myo seed 0, LV seed 1 last), then what calls X left of
+  # x (LV seed 2, RV/Myo seeds 1 then 2); 21 runs, JOBS=8, no FIRST; the same names as x's, so the CSVs merge.
   # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
   # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
   # ONLY='["ft_random_myo_*"]').
