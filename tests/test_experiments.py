@@ -119,6 +119,11 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         labbn = [r for r in grid if r.name.endswith("_labbn")]
         assert len(labbn) == 4 and all(r.commands[0][r.commands[0].index("--unlabelled_bn_stats") + 1] == "False"
                                        for r in labbn)
+    if plan.name == "p12.json":  # PROMISE12 at the paper's lengths: one pre-training, the paper's LR first
+        assert len(grid) == 55 and grid[0].name == "pre_full" and grid[0].commands[0].count("--iters_per_epoch")
+        args = dict(zip(grid[0].commands[0][4::2], grid[0].commands[0][5::2]))
+        assert (args["--epochs"], args["--iters_per_epoch"]) == ("50", "400")  # 20,000 pre-training iterations
+        assert {r.meta["lr"] for r in grid[1:19]} == {2e-4} and {r.meta["task"] for r in grid[1:]} == {"prostate"}
     if plan.name == "y.json":  # what calls X left of x.json, after the [noview] diagnosis; names as calls X's
         assert len(grid) == 21 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_noview"
         x_names = {r.name for r in ex.build_plan(plan.with_name("x.json"), "/d", tmp_path)}
@@ -861,3 +866,26 @@ def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_
     committed = committed[:start] + committed[committed.index("## ", start + 3):]
     assert (tmp_path / "README.md").read_text() == committed
     assert "| LV, 1 scan, ours | 59.52 (9.52, n=3) |" in committed  # the alpha = 0 cell of calls R
+
+
+@pytest.mark.parametrize("tool, call", [
+    ("benchmark_pretrain", lambda m: m.main(compile="false")),
+    ("benchmark_meanteacher", lambda m: m.main(compile="false")),
+    ("benchmark_inference", lambda m: m.main(amp="false")),
+])
+def test_the_benchmarks_refuse_a_lowercase_boolean_before_they_start(tool, call):
+    # fire hands --compile false over as the string 'false', which bool() takes for true: the run would have
+    # measured the compiled step under a flag that reads "false"; each tool stops first, naming the key and spelling
+    import importlib
+
+    key = "amp" if tool == "benchmark_inference" else "compile"
+    with pytest.raises(ValueError, match=rf"{key} must be True or False, got 'false' \(write --{key} False\)"):
+        call(importlib.import_module(tool))
+
+
+def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(ex, "run_grid", lambda *a, **k: ran.append(1))
+    with pytest.raises(ex.ExperimentError, match="dry_run must be True or False, got 'false'"):
+        ex.CLI().run_plan(str(ROOT / "docs/results/gpu_calls/plans/y.json"), "/d", str(tmp_path), dry_run="false")
+    assert not ran

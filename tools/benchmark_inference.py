@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundles"))
 
+from bim_common.engine import require_flags  # noqa: E402
 from bim_common.inference import SliceBatchInferer  # noqa: E402
 from bim_common.network import PAPER_FEATURES, build_unet  # noqa: E402
 
@@ -85,6 +86,8 @@ def benchmark(
 
 
 def main(**kwargs) -> None:
+    # fire hands --amp false over as the string 'false', which bool() takes for true: a bool or a clear error
+    require_flags({k: kwargs[k] for k in ("amp", "channels_last") if k in kwargs})
     benchmark(**kwargs)  # prints the JSON line; nothing else for fire to print
 
 

@@ -40,9 +40,12 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
+    from bim_common.engine import require_flags
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
 
+    require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
+                   "joint_student_batch": joint_student_batch})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -143,6 +143,13 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool = True, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None) -> None:
+    sys.path.insert(0, str(ROOT / "bundles"))
+    from bim_common.engine import require_flags
+
+    # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
+    require_flags({"compile": compile, "compile_bare": compile_bare, "bare": bare,
+                   **{k: v for k, v in (("channels_last", channels_last), ("cudnn_deterministic", cudnn_deterministic))
+                      if v is not None}})
     if profile and int(profile_steps) < 1:
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     if decoder_pad not in ("if_needed", "always"):

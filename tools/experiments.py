@@ -812,6 +812,8 @@ class CLI:
         ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
         ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs."""
+        if not isinstance(dry_run, bool):  # fire gives --dry_run false as the string 'false', which is truthy
+            raise ExperimentError(f"dry_run must be True or False, got {dry_run!r}")
         grid = build_plan(plan, dataset_dir, work_dir, only)
         if dry_run:
             for r in grid:

@@ -50,9 +50,10 @@
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
-D=/tmp/w/acdc; W=/tmp/w/n; mkdir -p $W
+D=/tmp/w/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=/tmp/w/n; mkdir -p $W
+[ $PHASE = p12 ] && { D=/tmp/w/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
-[ -f $D/datalist.json ] || python -m data_prep acdc /tmp/data/acdc_u8/training $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+[ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
 LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JSON and log to $OUT
@@ -175,7 +176,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -190,6 +191,11 @@ t|u|v|w|x|y)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleve
   # diagnosis first (Mean Teacher without the student's extra view transform, so that at weight 0 its labelled images
   # get the baseline's augmentation; weights 0 and 1, LV and Myo seed 0, LV seed 1 last), then what calls X left of
   # x (LV seed 2, RV/Myo seeds 1 then 2); 21 runs, JOBS=8, no FIRST; the same names as x's, so the CSVs merge.
+  # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
+  # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
+  # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12:
+  # the pre-training alone on GPU 0, the baselines on GPUs 1-3; then n.sh 588 p12 twice (the pre-training resumes and
+  # ends in the second call, its fine-tunes follow; expect the full method's 2e-5 / 5e-4 runs not to finish).
   # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
   # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
   # ONLY='["ft_random_myo_*"]').
