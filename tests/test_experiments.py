@@ -124,13 +124,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         args = dict(zip(grid[0].commands[0][4::2], grid[0].commands[0][5::2]))
         assert (args["--epochs"], args["--iters_per_epoch"]) == ("50", "400")  # 20,000 pre-training iterations
         assert {r.meta["lr"] for r in grid[1:19]} == {2e-4} and {r.meta["task"] for r in grid[1:]} == {"prostate"}
-    if plan.name == "y.json":  # what calls X left of x.json, after the [noview] diagnosis; names as calls X's
-        assert len(grid) == 21 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_noview"
-        x_names = {r.name for r in ex.build_plan(plan.with_name("x.json"), "/d", tmp_path)}
-        assert {r.name for r in grid if not r.name.endswith("_noview")} < x_names
-        for r in (r for r in grid if r.name.endswith("_noview")):
-            args = dict(zip(r.commands[0][4::2], r.commands[0][5::2]))
-            assert (args["--view_rotation_deg"], args["--view_scale_range"], args["--view_flip_prob"]) == ("0.0", "[1.0, 1.0]", "0.0")
+    if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
+        assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
+        assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
+        unlab = [r for r in grid if r.name.endswith("_unlab")]
+        assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
+                                       == "False" for r in unlab)
 
 @pytest.mark.parametrize("plan, match", [
     ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),

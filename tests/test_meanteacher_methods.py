@@ -184,8 +184,8 @@ def test_geometric_alignment_with_an_identity_like_network():
 
 
 def test_without_the_view_transform_the_labelled_student_sees_the_baselines_augmentation():
-    # plan y's [noview] diagnosis: rotation 0, zoom 1 and no flips make A the identity, so the student's labelled view
-    # warp(x, M @ A) is the fine-tuning bundle's warp(x, M) and Mean Teacher at weight 0 trains as the baseline does
+    # rotation 0, zoom 1 and no flips make A the identity, so the student's labelled view warp(x, M @ A) is the
+    # fine-tuning bundle's warp(x, M) (the view_* keys of the bundle switch the extra view off)
     net = OneHotNet()
     step = _step("mean_teacher", net, augment=_exact_augment(), view_rotation_deg=0.0, view_scale_range=(1.0, 1.0),
                  view_flip_prob=0.0)
@@ -458,6 +458,58 @@ def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_
     assert states[0] and losses[0] == pytest.approx(losses[1], abs=1e-6)
     same = all(torch.allclose(states[0][k], states[1][k]) for k in states[0])
     assert same is (not bn_stats)
+
+
+def test_the_steps_views_get_the_fine_tuning_augmentation_gamma_included():
+    """The labelled view of the supervised method is exactly ``SegmentationAugment``'s (the fine-tuning bundle's),
+    gamma included, and the teacher's and student's views get gamma too (before 0.5.0 they got the jitter only, so
+    every semi-supervised run trained without the ACDC tasks' gamma 0.5-2)."""
+    def augment():
+        return SegmentationAugment(crop_size=32, max_rotation_deg=45.0, scale_range=(0.8, 1.3), gamma_range=(0.5, 2.0),
+                                   generator=torch.Generator().manual_seed(3))
+
+    batch = _batch(b_l=4, seed=5)
+    x_ref, y_ref = augment()(batch["image"], batch["label"])
+    step = _step("supervised", nn.Conv2d(1, 2, 1), augment=augment())
+    x, y = step.labelled_view(batch["image"], batch["label"])
+    torch.testing.assert_close(x, x_ref)
+    torch.testing.assert_close(y, y_ref)
+    # without gamma the same draws give other images: gamma is applied, not skipped
+    plain = _step("supervised", nn.Conv2d(1, 2, 1), augment=augment())
+    plain.augment.gamma_range = None
+    assert not torch.allclose(plain.labelled_view(batch["image"], batch["label"])[0], x_ref)
+    # teacher and student views (A the identity, no jitter): one geometry, each view with its own gamma draw
+    no_jitter = augment()
+    no_jitter.brightness = no_jitter.contrast = 0.0
+    mt = _step("mean_teacher", build_unet(out_channels=2, features=TINY), augment=no_jitter, view_rotation_deg=0.0,
+               view_scale_range=(1.0, 1.0), view_flip_prob=0.0)
+    t_view, s_view, _, _ = mt.teacher_student_views(batch["image"])
+    assert not torch.allclose(t_view, s_view)
+    no_jitter.gamma_range = None
+    t_view, s_view, _, _ = mt.teacher_student_views(batch["image"])
+    torch.testing.assert_close(t_view, s_view)
+
+
+@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
+def test_at_weight_0_with_the_consistency_on_unlabelled_images_the_step_is_the_supervised_one(method):
+    """``consistency_on_labelled`` false (the paper's L_MT, over the unlabelled images only): the labelled images get
+    the supervised method's view, drawn first from the same generator, so with the weight at 0 and the unlabelled
+    images kept out of the running statistics a step leaves the student exactly as the supervised step does. With
+    ``consistency_on_labelled`` true the student's labelled view is warp(x, M @ A), and the two part."""
+    def after_one_step(method, **kwargs):
+        torch.manual_seed(0)
+        net = build_unet(out_channels=2, features=TINY)
+        step = _step(method, net, weight=0.0, **kwargs)
+        out = step(net, _batch(b_l=3, b_u=3, seed=4), 0)
+        return net.state_dict(), out
+
+    ref, ref_out = after_one_step("supervised")
+    for on_labelled in (False, True):
+        state, out = after_one_step(method, consistency_on_labelled=on_labelled, unlabelled_bn_stats=False)
+        same = all(torch.equal(ref[k], state[k]) for k in ref)
+        assert same is (not on_labelled)
+        assert torch.equal(out["label"], ref_out["label"]) is (not on_labelled)
+    assert float(out["loss_reg"]) > 0  # the consistency itself is still measured, only weighted by 0
 
 
 def test_boolean_settings_take_command_line_strings_and_refuse_others():

@@ -221,15 +221,20 @@ class SegmentationAugment:
         )
         return crop @ affine
 
-    def __call__(self, image: torch.Tensor, label: torch.Tensor | None = None):
-        """``image`` [B, C, H, W] float, ``label`` [B, 1, H, W] integer -> the augmented pair at crop size."""
-        mats = self.matrices(image.shape[0], tuple(image.shape[-2:]))
-        out_hw = (self.crop_size, self.crop_size)
-        x = warp(image, mats, out_hw)
+    def intensity(self, x: torch.Tensor) -> torch.Tensor:
+        """The intensity part of the augmentation, after the warp: gamma (with ``gamma_range``), then
+        contrast/brightness jitter. Semi-supervised views take theirs from here too."""
         if self.gamma_range is not None:
             x = random_gamma(x, self.generator, self.gamma_range)
         if self.brightness or self.contrast:
             x = random_intensity_jitter(x, self.generator, self.brightness, self.contrast)
+        return x
+
+    def __call__(self, image: torch.Tensor, label: torch.Tensor | None = None):
+        """``image`` [B, C, H, W] float, ``label`` [B, 1, H, W] integer -> the augmented pair at crop size."""
+        mats = self.matrices(image.shape[0], tuple(image.shape[-2:]))
+        out_hw = (self.crop_size, self.crop_size)
+        x = self.intensity(warp(image, mats, out_hw))
         if label is None:
             return x
         return x, warp(label, mats, out_hw, mode="nearest")

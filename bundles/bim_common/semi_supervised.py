@@ -40,7 +40,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore
 from .engine import as_flag, bf16_autocast
-from .gpu_augment import random_affine_matrices, random_intensity_jitter, warp
+from .gpu_augment import random_affine_matrices, warp
 from .segmentation import labelled_cross_entropy
 
 METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
@@ -246,7 +246,9 @@ class SemiSupervisedStep:
     ``weight`` is the method's regulariser weight (ramped up by :func:`sigmoid_rampup` over
     ``rampup_iterations``); ``total_iterations`` paces UA-MT's threshold. ``view_*`` set the student's extra
     random similarity A (rotation, zoom, flips). ``consistency_on_labelled`` adds the labelled images to the
-    Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher). Call it with ``student``, the
+    Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher); false takes it on the unlabelled
+    images only (the paper's L_MT sums over D_u), and the labelled images then get the supervised method's view,
+    so that at weight 0 the labelled term trains as the baseline's does. Call it with ``student``, the
     batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
     ``supervised_loss_function(logits, label)`` is the labelled term (default :func:`labelled_cross_entropy`; the
     bundle passes its ``train#trainer#loss_function``).
@@ -341,10 +343,9 @@ class SemiSupervisedStep:
             self._bn_after_labelled = bn_statistics(student)
         return torch.cat(logits + [self._forward(student, p) for p in parts[1:]])
 
-    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
-        if self.augment.brightness or self.augment.contrast:
-            x = random_intensity_jitter(x, self.generator, self.augment.brightness, self.augment.contrast)
-        return x
+    def _intensity(self, x: torch.Tensor) -> torch.Tensor:
+        """The augmentation's intensity part (gamma, then contrast/brightness), drawn anew for every view."""
+        return self.augment.intensity(x)
 
     def _matrices(self, x: torch.Tensor) -> torch.Tensor:
         return self.augment.matrices(x.shape[0], tuple(x.shape[-2:]))
@@ -361,14 +362,14 @@ class SemiSupervisedStep:
         mats = self._matrices(image)
         if extra is not None:
             mats = mats @ extra
-        return self._jitter(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
+        return self._intensity(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
 
     def teacher_student_views(self, image: torch.Tensor):
         """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), independently jittered."""
         mats = self._matrices(image)
         extra = self.view_matrices(image.shape[0])
-        teacher_view = self._jitter(warp(image, mats, self._out_hw()))
-        student_view = self._jitter(warp(image, mats @ extra, self._out_hw()))
+        teacher_view = self._intensity(warp(image, mats, self._out_hw()))
+        student_view = self._intensity(warp(image, mats @ extra, self._out_hw()))
         return teacher_view, student_view, mats, extra
 
     @contextlib.contextmanager
@@ -427,10 +428,13 @@ class SemiSupervisedStep:
 
     def _consistency(self, student, batch, iteration, uncertainty: bool):
         b_l = batch["image"].shape[0]
-        t_l, s_l, m_l, a_l = self.teacher_student_views(batch["image"])
+        if self.consistency_on_labelled:
+            t_l, s_l, m_l, a_l = self.teacher_student_views(batch["image"])
+            # the student's labelled view is warp(x, M @ A): the same matrix warps the label
+            y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")
+        else:  # the labelled images only feed the supervised term: the supervised method's view, drawn first as there
+            s_l, y = self.labelled_view(batch["image"], batch["label"])
         t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
-        # the student's labelled view is warp(x, M @ A): the same matrix warps the label
-        y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")
         logits = self._student(student, s_l, s_u)
         if self.consistency_on_labelled:
             teacher_in, extra, student_logits = torch.cat([t_l, t_u]), torch.cat([a_l, a_u]), logits
@@ -467,7 +471,7 @@ class SemiSupervisedStep:
 
     def _ict(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
+        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
         x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.ict_alpha)
         logits = self._student(student, x, x_mix)
         b_l = x.shape[0]
@@ -477,7 +481,7 @@ class SemiSupervisedStep:
 
     def _entropy_min(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
+        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
         logits = self._student(student, x, x_u)
         b_l = x.shape[0]
         return {"loss_sup": self.supervised_loss_function(logits[:b_l], y), "loss_reg": entropy_loss(logits[b_l:]),
@@ -495,7 +499,7 @@ class SemiSupervisedStep:
 
     def _adversarial(self, student, batch, iteration, w):
         x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._jitter(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
+        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
         logits = self._student(student, x, x_u)
         b_l = x.shape[0]
         prob = torch.softmax(logits, dim=1)

@@ -187,10 +187,11 @@ t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (e
   # consistency weight searched on validation, 0 / 1 / 10 (meanteacher_seg 0.4.0's L_MT), LV/RV/Myo at 1 scan, seed 0
   # first (LV and Myo, then the BatchNorm diagnosis [labbn]: unlabelled_bn_stats false at weights 0 and 1, then RV),
   # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead. Calls X
-  # (thirteenth session) ran seed 0 and LV seed 1. y (prepared in the thirteenth session, not run): the [noview]
-  # diagnosis first (Mean Teacher without the student's extra view transform, so that at weight 0 its labelled images
-  # get the baseline's augmentation; weights 0 and 1, LV and Myo seed 0, LV seed 1 last), then what calls X left of
-  # x (LV seed 2, RV/Myo seeds 1 then 2); 21 runs, JOBS=8, no FIRST; the same names as x's, so the CSVs merge.
+  # (thirteenth session) ran seed 0 and LV seed 1, without gamma (meanteacher_seg < 0.5.0 dropped it). y (prepared
+  # in the thirteenth session, not run): the weight search again with meanteacher_seg 0.5.0 (gamma applied), tag
+  # [gamma]: LV seed 0 first, then [unlab] (consistency_on_labelled false, the paper's L_MT; at weight 0 exactly the
+  # supervised step) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
+  # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12:
