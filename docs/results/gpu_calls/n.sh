@@ -194,9 +194,9 @@ t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (e
   # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
-  # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12:
-  # the pre-training alone on GPU 0, the baselines on GPUs 1-3; then n.sh 588 p12 twice (the pre-training resumes and
-  # ends in the second call, its fine-tunes follow; expect the full method's 2e-5 / 5e-4 runs not to finish).
+  # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
+  # twice: the pre-training alone on GPU 0 (it resumes in the second call and should end there: ~950 s alone), the
+  # baselines on GPUs 1-3; then n.sh 588 p12 for the full method's fine-tunes (expect its 2e-5 / 5e-4 runs not to finish).
   # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
   # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
   # ONLY='["ft_random_myo_*"]').
