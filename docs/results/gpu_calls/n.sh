@@ -189,8 +189,8 @@ t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (e
   # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead. Calls X
   # (thirteenth session) ran seed 0 and LV seed 1, without gamma (meanteacher_seg < 0.5.0 dropped it). y (prepared
   # in the thirteenth session, not run): the weight search again with meanteacher_seg 0.5.0 (gamma applied), tag
-  # [gamma]: LV seed 0 first, then [unlab] (consistency_on_labelled false, the paper's L_MT; at weight 0 exactly the
-  # supervised step) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
+  # [gamma]: LV seed 0 first, then [unlab] (consistency_on_labelled false, the paper's L_MT; at weight 0 the
+  # supervised step but for the running statistics) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
   # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
