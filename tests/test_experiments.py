@@ -885,6 +885,6 @@ def test_the_benchmarks_refuse_a_lowercase_boolean_before_they_start(tool, call)
 def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(ex, "run_grid", lambda *a, **k: ran.append(1))
-    with pytest.raises(ex.ExperimentError, match="dry_run must be True or False, got 'false'"):
+    with pytest.raises(ex.ExperimentError, match=r"dry_run must be True or False, got 'false' \(write --dry_run False\)"):
         ex.CLI().run_plan(str(ROOT / "docs/results/gpu_calls/plans/y.json"), "/d", str(tmp_path), dry_run="false")
     assert not ran

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundles"))
 
-from bim_common.engine import require_flags  # noqa: E402
+from bim_common.flags import require_flags  # noqa: E402
 from bim_common.inference import SliceBatchInferer  # noqa: E402
 from bim_common.network import PAPER_FEATURES, build_unet  # noqa: E402
 

@@ -40,7 +40,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
-    from bim_common.engine import require_flags
+    from bim_common.flags import require_flags
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
 

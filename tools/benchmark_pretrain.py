@@ -144,7 +144,7 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool = True, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None) -> None:
     sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.engine import require_flags
+    from bim_common.flags import require_flags
 
     # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
     require_flags({"compile": compile, "compile_bare": compile_bare, "bare": bare,

@@ -45,6 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "bundles"
+sys.path.insert(0, str(BUNDLES))
+from bim_common.flags import require_flags  # noqa: E402  (torch-free, so the runner stays light)
+
 PRETRAIN_TRAIN = "bundles/pretrain_bim/configs/train.json"
 FINETUNE_TRAIN = "bundles/finetune_seg/configs/train.json"
 FINETUNE_EVAL = "bundles/finetune_seg/configs/evaluate.json"
@@ -812,8 +815,10 @@ class CLI:
         ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
         ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs."""
-        if not isinstance(dry_run, bool):  # fire gives --dry_run false as the string 'false', which is truthy
-            raise ExperimentError(f"dry_run must be True or False, got {dry_run!r}")
+        try:  # fire gives --dry_run false as the string 'false', which is truthy
+            require_flags({"dry_run": dry_run})
+        except ValueError as e:
+            raise ExperimentError(str(e)) from None
         grid = build_plan(plan, dataset_dir, work_dir, only)
         if dry_run:
             for r in grid:

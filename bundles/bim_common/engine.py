@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 
+from .flags import as_flag, require_flags  # noqa: F401  (the configs' scripts.bim.engine.require_flags)
+
 logger = logging.getLogger("bim")
 
 
@@ -69,30 +71,6 @@ class RandomState:
         torch.set_rng_state(state["torch"].cpu())
         if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def as_flag(value, key: str) -> bool:
-    """A bundle's boolean setting: a bool, or the strings ``true`` / ``false`` (any case) or ``1`` / ``0`` that a
-    command line gives (``--unlabelled_bn_stats false`` arrives as the string 'false', which Python's ``bool`` would
-    take for true). Anything else is a ``ValueError`` naming ``key``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    raise ValueError(f"{key} must be true or false, got {value!r}")
-
-
-def require_flags(flags: dict) -> None:
-    """A bundle's boolean keys as the command line gave them (``{key: value}``): each must be a bool. ``monai.bundle
-    run`` hands ``--amp False`` over as False but ``--amp false`` as the string 'false', which every ``if @amp``
-    would take for true; such a value is a ``ValueError`` naming the key and the spelling to use."""
-    for key, value in flags.items():
-        if not isinstance(value, bool):
-            hint = f" (write --{key} {value.strip().capitalize()})" if isinstance(value, str) and \
-                value.strip().lower() in ("true", "false") else ""
-            raise ValueError(f"{key} must be True or False, got {value!r}{hint}")
 
 
 def bf16_autocast(device: torch.device | str, enabled: bool = True):

@@ -39,7 +39,8 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore
-from .engine import as_flag, bf16_autocast
+from .engine import bf16_autocast
+from .flags import as_flag
 from .gpu_augment import random_affine_matrices, warp
 from .segmentation import labelled_cross_entropy
 
@@ -365,7 +366,7 @@ class SemiSupervisedStep:
         return self._intensity(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
 
     def teacher_student_views(self, image: torch.Tensor):
-        """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), independently jittered."""
+        """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), each with its own intensity draw."""
         mats = self._matrices(image)
         extra = self.view_matrices(image.shape[0])
         teacher_view = self._intensity(warp(image, mats, self._out_hw()))

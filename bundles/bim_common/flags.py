@@ -1,0 +1,28 @@
+"""Boolean settings as a command line hands them over, checked without importing torch (the experiment runner
+uses them too). ``bim_common.engine`` re-exports both, which the bundles' configs name."""
+
+from __future__ import annotations
+
+
+def as_flag(value, key: str) -> bool:
+    """A bundle's boolean setting: a bool, or the strings ``true`` / ``false`` (any case) or ``1`` / ``0`` that a
+    command line gives (``--unlabelled_bn_stats false`` arrives as the string 'false', which Python's ``bool`` would
+    take for true). Anything else is a ``ValueError`` naming ``key``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def require_flags(flags: dict) -> None:
+    """A bundle's boolean keys as the command line gave them (``{key: value}``): each must be a bool. ``monai.bundle
+    run`` hands ``--amp False`` over as False but ``--amp false`` as the string 'false', which every ``if @amp``
+    would take for true; such a value is a ``ValueError`` naming the key and the spelling to use."""
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            hint = f" (write --{key} {value.strip().capitalize()})" if isinstance(value, str) and \
+                value.strip().lower() in ("true", "false") else ""
+            raise ValueError(f"{key} must be True or False, got {value!r}{hint}")
