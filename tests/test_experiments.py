@@ -81,10 +81,12 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     seen = {}
-    monkeypatch.setattr(ex, "run_grid", lambda g, w, jobs, log, gpus: seen.update(names=[r.name for r in g], jobs=jobs,
-                        gpus=gpus) or {"skipped_existing": 0, "done": 0, "failed": 0, "skipped_dependency": 0})
+    monkeypatch.setattr(ex, "run_grid", lambda g, w, jobs, log, gpus, finish_by: seen.update(
+        names=[r.name for r in g], jobs=jobs, gpus=gpus, finish_by=finish_by) or {"skipped_existing": 0, "done": 0, "failed": 0, "skipped_dependency": 0})
     ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1)
-    assert seen == {"names": [r.name for r in grid], "jobs": 3, "gpus": 1}
+    assert seen == {"names": [r.name for r in grid], "jobs": 3, "gpus": 1, "finish_by": None}
+    ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1, finish_by=540)
+    assert seen["finish_by"] == 540
     # --only narrows the whole plan: two runners on other GPUs split it, each keeping what its runs need
     ex.CLI().run_plan(str(path), "/d", str(tmp_path / "w"), jobs=3, gpus=1, only=["pre_full"])  # as fire parses '["pre_full"]'
     assert seen["names"] == ["pre_full"]
@@ -130,6 +132,17 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         unlab = [r for r in grid if r.name.endswith("_unlab")]
         assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
                                        == "False" for r in unlab)
+    if plan.name == "z.json":  # [unlab] against [gamma] first, the rest of y, then short fillers for a lease's last call
+        assert len(grid) == 29 and [r.kind for r in grid] == ["meanteacher"] * 20 + ["finetune"] * 9
+        assert all(r.name.endswith("_unlab") for r in grid[:7]) and all(r.expected_s == 720 for r in grid[:20])
+        assert all(r.expected_s == 240 and "DiceCELoss" in " ".join(r.commands[0]) for r in grid[20:])
+        plans = plan.parent
+        y = {r.name for r in ex.build_plan(plans / "y.json", "/d", tmp_path)}
+        with open(plans.parent.parent / "acdc_paper_length" / "results_calls_Y.csv", newline="") as f:
+            ran = {row["name"] for row in csv.DictReader(f)}
+        # the rest of y, nothing run twice; [unlab] at weight 0 is [gamma]'s weight 0 but for the labelled view: dropped
+        assert {r.name for r in grid[7:20]} == y - ran - {r.name for r in grid[:7]} - {"mt_random_myo_n1_s0_lr1e-4_cw0_unlab"}
+        assert not {r.name for r in grid} & ran
 
 @pytest.mark.parametrize("plan, match", [
     ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset'"),
@@ -272,6 +285,43 @@ def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp
     # second call: the finished run is not executed again, the failed one is retried
     counts = ex.run_grid([ok, bad], tmp_path, jobs=1, log=lambda s: None)
     assert counts["skipped_existing"] == 1 and counts["failed"] == 1
+
+
+def test_finish_by_starts_only_the_runs_expected_to_end_in_time_and_resumes_interrupted_ones(tmp_path):
+    # the last call of a GPU lease: a run cut at its end is lost with the machine, so a fresh run that cannot end
+    # before finish_by is held for a later lease, and a shorter run further down the grid takes its slot
+    def fake(name, expected_s, depends=()):
+        model = tmp_path / "runs" / name / "model.pt"
+        return ex.Run(name, "pretrain", ((sys.executable, "-c", f"open({str(model)!r}, 'w').write('x')"),), {},
+                      depends, expected_s=expected_s)
+
+    long, short, after_long, unknown = fake("pre_long", 600), fake("pre_short", 1), fake("pre_after", 1, ("pre_long",)), fake("pre_unknown", None)
+    lines = []
+    counts = ex.run_grid([long, after_long, short, unknown], tmp_path, jobs=1, log=lines.append, finish_by=60)
+    assert (counts["done"], counts["held"], counts["failed"]) == (2, 2, 0)  # pre_short and pre_unknown (no estimate)
+    assert not (tmp_path / "runs" / "pre_long").exists() and not (tmp_path / "runs" / "pre_after").exists()
+    assert any(line.startswith("hold pre_long: expected 600 s") for line in lines)
+    # a run with an earlier attempt resumes whatever its estimate: its checkpoint makes it shorter
+    (tmp_path / "runs" / "pre_long").mkdir()
+    (tmp_path / "runs" / "pre_long" / "run.json").write_text(json.dumps({"attempt": 1, "status": "failed"}))
+    counts = ex.run_grid([long, after_long, short], tmp_path, jobs=1, log=lambda s: None, finish_by=60)
+    assert (counts["done"], counts["held"], counts["skipped_existing"]) == (2, 0, 1)
+    assert not ex.fits_before(fake("pre_new", 600), tmp_path, 0.0, 60) and ex.fits_before(fake("pre_new", 600), tmp_path, 0.0, None)
+    # a run waiting on a pre-training outside the grid is still an error, held runs or not
+    orphan = ex.Run("ft_orphan", "finetune", ((sys.executable, "-c", "pass"),), {}, ("pre_elsewhere",))
+    with pytest.raises(ex.ExperimentError, match="outside the grid"):
+        ex.run_grid([fake("pre_big", 600), orphan], tmp_path, log=lambda s: None, finish_by=60)
+    for bad in (0, -5, True, "60"):
+        with pytest.raises(ex.ExperimentError, match="finish_by must be a positive number"):
+            ex.run_grid([short], tmp_path, log=lambda s: None, finish_by=bad)
+    # a plan grid's expected_s reaches its runs; a bad one is named
+    plan = [{"preset": "acdc_paper", "tasks": "lv", "counts": 1, "seeds": 0, "lrs": 1e-4, "methods": "Baseline",
+             "expected_s": 250}, {"preset": "acdc_paper", "tasks": "rv", "counts": 1, "seeds": 0, "lrs": 1e-4,
+                                  "methods": "Baseline"}]
+    runs = {r.name: r.expected_s for r in ex.build_plan(plan, "D", tmp_path)}
+    assert runs == {"ft_random_lv_n1_s0_lr1e-4": 250.0, "ft_random_rv_n1_s0_lr1e-4": None}
+    with pytest.raises(ex.ExperimentError, match="plan entry 1: expected_s must be a positive number"):
+        ex.build_plan([plan[0], dict(plan[1], expected_s="long")], "D", tmp_path)
 
 
 def test_runner_refuses_a_work_dir_whose_finished_runs_were_made_with_other_settings(tmp_path):

@@ -101,6 +101,8 @@ class Run:
     commands: tuple[tuple[str, ...], ...]
     meta: dict = field(default_factory=dict, hash=False, compare=False)
     depends: tuple[str, ...] = ()
+    # the wall time a fresh run is expected to take, in seconds (a plan grid's ``expected_s``), for ``finish_by``
+    expected_s: float | None = field(default=None, compare=False)
 
 
 def _fmt_lr(lr: float) -> str:
@@ -381,7 +383,7 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
 
 
 PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides",
-             "mt_weights")
+             "mt_weights", "expected_s")
 
 
 def read_plan(plan) -> list[dict]:
@@ -404,17 +406,24 @@ def read_plan(plan) -> list[dict]:
         unknown = sorted(set(entry) - set(PLAN_KEYS))
         if unknown:
             raise ExperimentError(f"plan entry {i}: unknown keys {unknown}; allowed: {list(PLAN_KEYS)}")
+        expected = entry.get("expected_s")
+        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, (int, float)) or expected <= 0):
+            raise ExperimentError(f"plan entry {i}: expected_s must be a positive number of seconds (the wall time of "
+                                  f"one of its runs at the plan's concurrency), got {expected!r}")
     return [dict(e) for e in plan]
 
 
 def build_plan(plan, dataset_dir: str, work_dir: str, only=None) -> list[Run]:
     """The runs of every grid of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
-    spreads them all over its GPUs. A run that several grids share (the same name, e.g. an untagged pre-training) is
+    spreads them all over its GPUs; a grid's ``expected_s`` becomes its runs' estimate (for ``run_grid``'s
+    ``finish_by``). A run that several grids share (the same name, e.g. an untagged pre-training) is
     kept once; the same name with other commands (e.g. one tag given two meanings) is an error. ``only``: run-name
     patterns that narrow the whole plan (see :func:`narrow_runs`), e.g. one pre-training for a GPU of its own."""
     runs: dict[str, Run] = {}
     for i, entry in enumerate(read_plan(plan)):
+        expected_s = entry.pop("expected_s", None)
         for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry):
+            r = replace(r, expected_s=None if expected_s is None else float(expected_s))
             if r.name in runs and runs[r.name].commands != r.commands:
                 raise ExperimentError(f"plan entry {i}: run {r.name} is in an earlier grid with other commands "
                                       "(give this grid its own --tag)")
@@ -664,12 +673,27 @@ def pick_gpu(gpus: list[str], running: list[tuple[str, str]]) -> str:
     return min(gpus, key=lambda g: load[g])
 
 
-def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> dict:
+def fits_before(run: Run, work_dir, elapsed_s: float, finish_by: float | None) -> bool:
+    """Whether ``run`` may start ``elapsed_s`` seconds into a runner that must be done ``finish_by`` seconds after
+    its start: always without ``finish_by`` or without the run's ``expected_s``, and always for a run with an
+    earlier attempt (it resumes from its checkpoint, so its estimate says nothing); else if it is expected to end
+    in time. A run held back is left for a later runner, where it would be lost if cut (the last call of a lease)."""
+    if finish_by is None or run.expected_s is None or (run_dir(work_dir, run) / "run.json").is_file():
+        return True
+    return elapsed_s + run.expected_s <= finish_by
+
+
+def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None, finish_by: float | None = None) -> dict:
     """Execute ``grid`` with up to ``jobs`` concurrent runs; runs with a ``result.json`` are skipped, a run waits
     for its pre-training, a failed pre-training skips its dependants. With ``gpus`` (see :func:`parse_gpus`) each
-    run is started on the least loaded of those GPUs (``CUDA_VISIBLE_DEVICES``). Returns counts per outcome."""
+    run is started on the least loaded of those GPUs (``CUDA_VISIBLE_DEVICES``). With ``finish_by`` (seconds from
+    now) a fresh run is started only if its ``expected_s`` ends before then (see :func:`fits_before`); a later,
+    shorter run of the grid may take its place, and the runner returns when only held runs (and their dependants)
+    are left. Returns counts per outcome."""
     if jobs < 1:
         raise ExperimentError(f"jobs must be >= 1, got {jobs}")
+    if finish_by is not None and (isinstance(finish_by, bool) or not isinstance(finish_by, (int, float)) or finish_by <= 0):
+        raise ExperimentError(f"finish_by must be a positive number of seconds from the runner's start, got {finish_by!r}")
     gpus = parse_gpus(gpus)
     env = dict(os.environ)
     for g in gpus:  # an id outside the parent's CUDA_VISIBLE_DEVICES fails before anything runs
@@ -678,9 +702,10 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
     check_finished_runs(grid, work_dir)
     placed: dict[str, str] = {}  # run name -> GPU
     done = {r.name for r in grid if (run_dir(work_dir, r) / "result.json").is_file()}
-    counts = {"skipped_existing": len(done), "done": 0, "failed": 0, "skipped_dependency": 0}
+    counts = {"skipped_existing": len(done), "done": 0, "failed": 0, "skipped_dependency": 0, "held": 0}
     pending = [r for r in grid if r.name not in done]
     failed: set[str] = set()
+    held: set[str] = set()  # fresh runs expected to end after finish_by
     running: dict[Future, Run] = {}
     t0 = time.perf_counter()
     _STOPPING.clear()
@@ -705,6 +730,12 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
                         counts["skipped_dependency"] += 1
                         log(f"skip {r.name}: its pre-training failed")
                     elif len(running) < jobs and all(d in done for d in r.depends):
+                        if not fits_before(r, work_dir, time.perf_counter() - t0, finish_by):
+                            if r.name not in held:
+                                held.add(r.name)
+                                log(f"hold {r.name}: expected {r.expected_s:.0f} s, "
+                                    f"{finish_by - (time.perf_counter() - t0):.0f} s left before finish_by")
+                            continue
                         pending.remove(r)
                         run_env = env
                         if gpus:
@@ -713,9 +744,18 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
                         log(f"start {r.name}" + (f" on GPU {placed[r.name]}" if gpus else ""))
                         running[pool.submit(execute, r, work_dir, run_env)] = r
                 if not running:
-                    if pending:
-                        outside = [r.name for r in pending]
+                    blocked = set(held)  # held runs and, transitively, the runs that start from them
+                    while True:
+                        more = {r.name for r in pending if set(r.depends) & blocked} - blocked
+                        if not more:
+                            break
+                        blocked |= more
+                    outside = [r.name for r in pending if r.name not in blocked]
+                    if outside:
                         raise ExperimentError(f"runs wait on pre-trainings outside the grid: {outside}")
+                    counts["held"] = len(pending)
+                    if pending:
+                        log(f"{len(pending)} run(s) held for a later runner: expected to end after finish_by")
                     break
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for fut in finished:
@@ -810,11 +850,14 @@ class CLI:
         self._execute(preset, build_grid(preset, dataset_dir, work_dir, **narrow), work_dir, jobs, gpus)
 
     def run_plan(self, plan, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None,
-                 dry_run: bool = False, only=None) -> None:
+                 dry_run: bool = False, only=None, finish_by: float | None = None) -> None:
         """Execute several grids as one (see :func:`build_plan`): ``plan`` is a JSON file (or list) of grids, each
         ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
-        ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs."""
+        ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs.
+        ``finish_by``: seconds from now by which the runner must be done (the last call of a GPU lease, whose cut runs
+        are lost with the machine): a fresh run of a grid with ``expected_s`` starts only if it should end in time,
+        and a later, shorter one may take its slot (see :func:`run_grid`)."""
         try:  # fire gives --dry_run false as the string 'false', which is truthy
             require_flags({"dry_run": dry_run})
         except ValueError as e:
@@ -825,13 +868,13 @@ class CLI:
                 print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")
             print(f"{len(grid)} runs", file=sys.stderr)
             return
-        self._execute("plan", grid, work_dir, jobs, gpus)
+        self._execute("plan", grid, work_dir, jobs, gpus, finish_by)
 
-    def _execute(self, what: str, grid: list[Run], work_dir: str, jobs: int, gpus) -> None:
+    def _execute(self, what: str, grid: list[Run], work_dir: str, jobs: int, gpus, finish_by=None) -> None:
         parse_gpus(gpus)  # a bad --gpus fails before anything runs
         Path(work_dir).mkdir(parents=True, exist_ok=True)
         print(f"{what}: {len(grid)} runs, {jobs} at a time, on {_gpu_name()}", flush=True)
-        counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True), gpus=gpus)
+        counts = run_grid(grid, work_dir, jobs, log=lambda s: print(s, flush=True), gpus=gpus, finish_by=finish_by)
         print(json.dumps(counts), flush=True)
         if counts["done"] + counts["skipped_existing"]:
             print(f"results: {collect(work_dir)}")

@@ -63,10 +63,12 @@ bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JS
 plan_runner() {  # plan_runner PLAN_FILE [ONLY]: run_plan in the foreground, in $W/NAME (NAME = the file's name); its rc.
   # ONLY: run-name patterns narrowing the plan, so that two runners on other GPUs share one work dir (phase t)
   [ -f "$1" ] || { echo "plan $1: no such file"; exit 2; }
-  NAME=$(basename "$1" .json); PNG_RUNS=$NAME
-  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $(( $(left) - 25 )) python tools/experiments.py run_plan "$1" \
+  # LAST=1 (the last call of a lease, whose cut runs are lost with the machine): --finish_by, so that a fresh run
+  # whose grid's expected_s would not end before the runner's timeout (less 10 s) is held, and a shorter one runs
+  NAME=$(basename "$1" .json); PNG_RUNS=$NAME; local budget=$(( $(left) - 25 ))
+  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $budget python tools/experiments.py run_plan "$1" \
     --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} \
-    --only "${2:-[\"*\"]}" >> $W/$NAME.out 2>&1
+    --only "${2:-[\"*\"]}" ${LAST:+--finish_by $(( budget - 10 ))} >> $W/$NAME.out 2>&1
 }
 runner() {  # runner NAME CUDA_VISIBLE_DEVICES ARGS...: one grid in the background, in its own work dir
   local name=$1 gpus=$2; shift 2
@@ -176,7 +178,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -192,6 +194,12 @@ t|u|v|w|x|y|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (e
   # [gamma]: LV seed 0 first, then [unlab] (consistency_on_labelled false, the paper's L_MT; at weight 0 the
   # supervised step but for the running statistics) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
   # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
+  # Calls Y (fourteenth session) ran 16 of them. z (prepared in the fourteenth session, not run; JOBS=8, no FIRST;
+  # JOBS=8 n.sh 588 z twice, then LAST=1 JOBS=8 n.sh 588 z): is the paper's L_MT ([unlab]) better than ours? [unlab]
+  # at weights 1 / 10 for LV seeds 1-2 and Myo seed 0, LV seed 0 at 10 (calls Y: 86.1 at 1 against [gamma]'s 57.8);
+  # then the rest of y (RV seeds 0-2, Myo seeds 1-2); then, as fillers for the last call's free slots (LAST=1 holds
+  # a fresh run whose plan grid's expected_s would end after the call: lost with the machine), Baseline [dicece] on
+  # RV (Dice + CE in place of cross-entropy: is the loss our baseline's RV gap?), 1/2/4 scans, seeds 0-2.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
