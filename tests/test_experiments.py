@@ -132,6 +132,11 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         unlab = [r for r in grid if r.name.endswith("_unlab")]
         assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
                                        == "False" for r in unlab)
+    if plan.name == "rows.json":  # the other Table 1 rows: 3 pre-trainings, 1 scan first, then [dicece], then 2 and 4
+        assert [r.name for r in grid[:3]] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 93
+        counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
+        assert counts == sorted(counts) and len(counts) == 81 and grid[3 + 27].name == "ft_random_rv_n1_s0_lr1e-4_dicece"
+        assert {r.meta["lr"] for r in grid[3:]} == {1e-4}
     if plan.name == "z.json":  # [unlab] against [gamma] first, the rest of y, then short fillers for a lease's last call
         assert len(grid) == 29 and [r.kind for r in grid] == ["meanteacher"] * 20 + ["finetune"] * 9
         assert all(r.name.endswith("_unlab") for r in grid[:7]) and all(r.expected_s == 720 for r in grid[:20])

@@ -178,7 +178,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -205,16 +205,22 @@ t|u|v|w|x|y|z|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t 
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
   # twice: the pre-training alone on GPU 0 (it resumes in the second call and should end there: ~950 s alone), the
   # baselines on GPUs 1-3; then n.sh 588 p12 for the full method's fine-tunes (expect its 2e-5 / 5e-4 runs not to finish).
-  # FIRST=1 (the first call): the full method's 10,000-iteration pre-training alone on GPU 0, the runs that do not
-  # need it (REST, run-name patterns) on GPUs 1-3; later calls: one runner on all 4 (ONLY narrows it, e.g.
-  # ONLY='["ft_random_myo_*"]').
+  # rows (prepared in the fourteenth session, not run): the other Table 1 rows at the paper's lengths, IIC (Dec),
+  # Contrast (Enc) and Ours (Dec) MI+CC, 1 scan, then 2, then 4 (seeds 0-2, LR 1e-4; 3 pre-trainings, 81 fine-tunes),
+  # with Baseline [dicece] on RV after the 1-scan cells. FIRST=1 JOBS=3 n.sh 588 rows: the three pre-trainings on
+  # GPUs 0-2, one a GPU (10,000 x 10.5-12 s / 200 with the machine busy: they resume in the second call), [dicece] on
+  # GPU 3, three at a time; then n.sh 588 rows, then LAST=1 n.sh 588 rows. Expect the 1-scan cells and part of 2.
+  # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
+  # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
+  # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]').
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
+  [ $PHASE = rows ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   if [ "${FIRST:-0}" = 1 ]; then
-    GPUS=0 JOBS=1 plan_runner $P '["pre_full"]' &
-    GPUS=1,2,3 JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
+    GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
+    GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
