@@ -126,6 +126,8 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         args = dict(zip(grid[0].commands[0][4::2], grid[0].commands[0][5::2]))
         assert (args["--epochs"], args["--iters_per_epoch"]) == ("50", "400")  # 20,000 pre-training iterations
         assert {r.meta["lr"] for r in grid[1:19]} == {2e-4} and {r.meta["task"] for r in grid[1:]} == {"prostate"}
+        ft = dict(zip(grid[1].commands[0][4::2], grid[1].commands[0][5::2]))  # the paper's PROMISE12 epoch, both stages
+        assert (ft["--epochs"], ft["--iters_per_epoch"], ft["--warmup_epochs"]) == ("50", "400", "10")
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

@@ -201,7 +201,7 @@ t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.jso
   # a fresh run whose plan grid's expected_s would end after the call: lost with the machine), Baseline [dicece] on
   # RV (Dice + CE in place of cross-entropy: is the loss our baseline's RV gap?), 1/2/4 scans, seeds 0-2.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
-  # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 10,000 fine-tuning), Baseline and the full
+  # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
   # twice: the pre-training alone on GPU 0 (it resumes in the second call and should end there: ~950 s alone), the
   # baselines on GPUs 1-3; then n.sh 588 p12 for the full method's fine-tunes (expect its 2e-5 / 5e-4 runs not to finish).
