@@ -139,16 +139,19 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
         assert counts == sorted(counts) and len(counts) == 81 and grid[3 + 27].name == "ft_random_rv_n1_s0_lr1e-4_dicece"
         assert {r.meta["lr"] for r in grid[3:]} == {1e-4}
-    if plan.name == "z.json":  # [unlab] against [gamma] first, the rest of y, then short fillers for a lease's last call
-        assert len(grid) == 29 and [r.kind for r in grid] == ["meanteacher"] * 20 + ["finetune"] * 9
-        assert all(r.name.endswith("_unlab") for r in grid[:7]) and all(r.expected_s == 720 for r in grid[:20])
-        assert all(r.expected_s == 240 and "DiceCELoss" in " ".join(r.commands[0]) for r in grid[20:])
+    if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, the rest of y, then fillers for a last call
+        assert len(grid) == 38 and [r.kind for r in grid] == ["meanteacher"] * 29 + ["finetune"] * 9
+        assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
+        assert all(r.expected_s == 720 for r in grid[:29])
+        assert all(r.expected_s == 240 and "DiceCELoss" in " ".join(r.commands[0]) for r in grid[29:])
+        tsep = [dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid if r.name.endswith("_tsep")]
+        assert len(tsep) == 8 and all(a["--joint_teacher_batch"] == "False" for a in tsep)
         plans = plan.parent
         y = {r.name for r in ex.build_plan(plans / "y.json", "/d", tmp_path)}
         with open(plans.parent.parent / "acdc_paper_length" / "results_calls_Y.csv", newline="") as f:
             ran = {row["name"] for row in csv.DictReader(f)}
         # the rest of y, nothing run twice; [unlab] at weight 0 is [gamma]'s weight 0 but for the labelled view: dropped
-        assert {r.name for r in grid[7:20]} == y - ran - {r.name for r in grid[:7]} - {"mt_random_myo_n1_s0_lr1e-4_cw0_unlab"}
+        assert {r.name for r in grid[16:29]} == y - ran - {r.name for r in grid[:16]} - {"mt_random_myo_n1_s0_lr1e-4_cw0_unlab"}
         assert not {r.name for r in grid} & ran
 
 @pytest.mark.parametrize("plan, match", [

@@ -441,6 +441,31 @@ def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_f
     assert torch.allclose(preds[0], preds[1], atol=1e-6) is (not joint)
 
 
+@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
+@pytest.mark.parametrize("joint", [True, False])
+def test_the_teachers_unlabelled_targets_depend_on_the_labelled_images_only_with_a_joint_teacher_forward(
+        method, joint, monkeypatch):
+    """``joint_teacher_batch`` true (default): the teacher's train-mode forward of the labelled and unlabelled views
+    together normalises the unlabelled views with statistics the labelled scan shares, unlike the student's separate
+    forwards; false: one forward each, so its targets for the unlabelled images do not depend on the labelled ones."""
+    targets, certain = [], []
+    real_mse = ss.softmax_mse
+    monkeypatch.setattr(ss, "softmax_mse", lambda logits, prob, mask=None: targets.append(prob) or real_mse(logits, prob, mask))
+    for labelled_scale in (1.0, 3.0):
+        torch.manual_seed(0)
+        net = build_unet(out_channels=2, features=TINY)
+        step = _step(method, net, lr=0.0, joint_teacher_batch=joint)
+        batch = _batch(seed=0)
+        batch["image"] = batch["image"] * labelled_scale
+        out = step(net, batch, 5)
+        certain.append(out.get("certain_fraction"))
+    b_l = batch["image"].shape[0]
+    assert torch.allclose(targets[0][b_l:], targets[1][b_l:], atol=1e-6) is (not joint)
+    assert not torch.allclose(targets[0][:b_l], targets[1][:b_l], atol=1e-6)  # the labelled targets do change
+    with pytest.raises(ValueError, match="joint_teacher_batch"):
+        _step(method, build_unet(out_channels=2, features=TINY), joint_teacher_batch="sometimes")
+
+
 @pytest.mark.parametrize("bn_stats", [True, False])
 def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_bn_stats(bn_stats):
     """``unlabelled_bn_stats`` false: the student's running statistics after a step do not depend on the unlabelled

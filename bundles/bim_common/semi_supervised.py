@@ -249,7 +249,10 @@ class SemiSupervisedStep:
     random similarity A (rotation, zoom, flips). ``consistency_on_labelled`` adds the labelled images to the
     Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher); false takes it on the unlabelled
     images only (the paper's L_MT sums over D_u), and the labelled images then get the supervised method's view,
-    so that at weight 0 the labelled term trains as the baseline's does. Call it with ``student``, the
+    so that at weight 0 the labelled term trains as the baseline's does. ``joint_teacher_batch`` (true) gives the
+    teacher the labelled and unlabelled views of the consistency in one forward; false, one forward each, so that with
+    ``teacher_batch_stats`` each part is BatchNorm'd with its own batch statistics, as the student's separate
+    forwards are (see :meth:`teacher_of`). Call it with ``student``, the
     batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
     ``supervised_loss_function(logits, label)`` is the labelled term (default :func:`labelled_cross_entropy`; the
     bundle passes its ``train#trainer#loss_function``).
@@ -281,6 +284,7 @@ class SemiSupervisedStep:
         joint_student_batch: bool = False,
         unlabelled_bn_stats: bool = True,
         supervised_loss_function=None,
+        joint_teacher_batch: bool = True,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -306,6 +310,7 @@ class SemiSupervisedStep:
         self.bf16, self.channels_last = as_flag(bf16, "bf16"), as_flag(channels_last, "channels_last")
         self.teacher_batch_stats = as_flag(teacher_batch_stats, "teacher_batch_stats")
         self.joint_student_batch = as_flag(joint_student_batch, "joint_student_batch")
+        self.joint_teacher_batch = as_flag(joint_teacher_batch, "joint_teacher_batch")
         self.unlabelled_bn_stats = as_flag(unlabelled_bn_stats, "unlabelled_bn_stats")
         self._bn_after_labelled = None
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
@@ -384,6 +389,16 @@ class SemiSupervisedStep:
         finally:
             self.teacher.eval()
 
+    def teacher_of(self, fn, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``fn`` (:meth:`teacher_prob` or :meth:`teacher_uncertainty`) of the concatenation of ``parts`` (the
+        labelled views first): one teacher forward of the joint batch (``joint_teacher_batch`` true), or one per part
+        (false). In train mode (``teacher_batch_stats``) a joint forward normalises the unlabelled views with
+        statistics that the labelled scan's slices share, while the student (``joint_student_batch`` false) normalises
+        them with their own: the targets and the student's predictions then see different normalisations."""
+        if self.joint_teacher_batch or len(parts) == 1:
+            return fn(torch.cat(list(parts)))
+        return torch.cat([fn(p) for p in parts])
+
     @torch.no_grad()
     def teacher_prob(self, x: torch.Tensor) -> torch.Tensor:
         with self._teacher_mode() as teacher:
@@ -438,14 +453,15 @@ class SemiSupervisedStep:
         t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
         logits = self._student(student, s_l, s_u)
         if self.consistency_on_labelled:
-            teacher_in, extra, student_logits = torch.cat([t_l, t_u]), torch.cat([a_l, a_u]), logits
+            teacher_parts, extra, student_logits = [t_l, t_u], torch.cat([a_l, a_u]), logits
         else:
-            teacher_in, extra, student_logits = t_u, a_u, logits[b_l:]
-        prob_t = warp(self.teacher_prob(teacher_in), extra)  # aligned with the student's views
+            teacher_parts, extra, student_logits = [t_u], a_u, logits[b_l:]
+        teacher_in = torch.cat(teacher_parts)
+        prob_t = warp(self.teacher_of(self.teacher_prob, teacher_parts), extra)  # aligned with the student's views
         mask = (warp(torch.ones_like(teacher_in[:, :1]), extra) > 0.999).float()  # source inside the teacher's view
         terms = {}
         if uncertainty:
-            unc = warp(self.teacher_uncertainty(teacher_in), extra)
+            unc = warp(self.teacher_of(self.teacher_uncertainty, teacher_parts), extra)
             threshold = uncertainty_threshold(iteration, self.total_iterations, self.num_classes)
             certain = (unc < threshold).float()
             terms.update(threshold=threshold, certain_fraction=(certain * mask).sum() / mask.sum().clamp_min(1))

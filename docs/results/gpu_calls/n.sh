@@ -195,8 +195,10 @@ t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.jso
   # supervised step but for the running statistics) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
   # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
   # Calls Y (fourteenth session) ran 16 of them. z (prepared in the fourteenth session, not run; JOBS=8, no FIRST;
-  # JOBS=8 n.sh 588 z twice, then LAST=1 JOBS=8 n.sh 588 z): is the paper's L_MT ([unlab]) better than ours? [unlab]
-  # at weights 1 / 10 for LV seeds 1-2 and Myo seed 0, LV seed 0 at 10 (calls Y: 86.1 at 1 against [gamma]'s 57.8);
+  # JOBS=8 n.sh 588 z twice, then LAST=1 JOBS=8 n.sh 588 z): why did the paper's L_MT ([unlab]) beat ours on LV seed 0
+  # (calls Y: 86.1 against [gamma]'s 57.8 at weight 1)? [unlab], and [tsep] (our L_MT with the teacher's labelled and
+  # unlabelled views in separate forwards, meanteacher_seg 0.6.0's joint_teacher_batch false, as the student's are) at
+  # weight 1 for LV seeds 0-2, Myo seed 0 (and [unlab] RV seed 0), then both at weight 10 (16 runs, a lease's worth);
   # then the rest of y (RV seeds 0-2, Myo seeds 1-2); then, as fillers for the last call's free slots (LAST=1 holds
   # a fresh run whose plan grid's expected_s would end after the call: lost with the machine), Baseline [dicece] on
   # RV (Dice + CE in place of cross-entropy: is the loss our baseline's RV gap?), 1/2/4 scans, seeds 0-2.
