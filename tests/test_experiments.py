@@ -583,9 +583,20 @@ def test_hardest_scans_lists_the_lowest_scans_first_with_each_methods_mean_over_
     assert body == ["| a | 20.0 | 90.0 |", "| b | 70.0 | 50.0 |", "| the other 1 scans | 80.0–80.0 | 95.0–95.0 |"]
     assert rr.hardest_scans([_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.5)], per_scan) == []  # no per-scan Dice
     path = tmp_path / "scans.csv"
-    path.write_text("name,scan,dice\nft_a,p1,0.5\nft_a,p2,x\n")
+    path.write_text("name,scan,dice\nft_a,p1,0.5\nft_a,p2,x\n")  # the long layout of earlier CSVs
     with pytest.raises(rr.ReportError, match="scans.csv: run ft_a, scan p2: dice 'x' is not a number"):
         rr.read_per_scan([path])
+    path.write_text("name,scan,dice\nft_a,p1,0.5\nft_a,p2,0.25\n")
+    long = rr.read_per_scan([path])
+    keys, table = ex.per_scan_table({"ft_a": [("p2", "0.25"), ("p1", "0.5")], "ft_b": [("p3", "0.75")]})
+    assert keys == ["name", "p1", "p2", "p3"] and table[1] == {"name": "ft_b", "p3": "0.75"}
+    wide = ex.write_csv(table, keys, tmp_path / "wide.csv")
+    assert wide.read_text().splitlines() == ["name,p1,p2,p3", "ft_a,0.5,0.25,", "ft_b,,,0.75"]
+    assert rr.read_per_scan([wide]) == {"ft_a": [("p1", 0.5), ("p2", 0.25)], "ft_b": [("p3", 0.75)]}
+    assert sorted(long["ft_a"]) == rr.read_per_scan([wide])["ft_a"]
+    (tmp_path / "bad.csv").write_text("run,p1\nft_a,0.5\n")
+    with pytest.raises(rr.ReportError, match="bad.csv: expected a 'name' column"):
+        rr.read_per_scan([tmp_path / "bad.csv"])
     with pytest.raises(rr.ReportError, match="no such per-scan CSV"):
         rr.read_per_scan([tmp_path / "missing.csv"])
 
@@ -715,13 +726,15 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
         assert "monai.bundle run" in r["command"] and r["commit"] and r["preset"] == "smoke"
     # beside it, the Dice of every test scan of every segmentation run, whose mean is the run's test Dice
+    # (one row per run, a column per scan; the rest of a run is its row of the results CSV)
     with open(path.with_name("results_per_scan.csv"), newline="") as f:
         scans = list(csv.DictReader(f))
+    assert sorted(x["name"] for x in scans) == sorted(r["name"] for r in seg)
     for r in seg:
-        mine = [float(x["dice"]) for x in scans if x["name"] == r["name"]]
+        mine = [float(v) for x in scans if x["name"] == r["name"] for k, v in x.items() if k != "name" and v]
         assert len(mine) == int(r["test_scans"]) and sum(mine) / len(mine) == pytest.approx(float(r["test_dice"]), abs=1e-5)
-    assert {x["name"] for x in scans} == {r["name"] for r in seg} and all(x["scan"] for x in scans)
-    assert list(scans[0]) == ["name", "scan", "dice"]  # the rest of a run is its row of the results CSV
+    read = rr.read_per_scan([path.with_name("results_per_scan.csv")])
+    assert {name: len(d) for name, d in read.items()} == {r["name"]: int(r["test_scans"]) for r in seg}
     # resumable: a second call runs nothing
     assert ex.run_grid(grid, work, jobs=2, log=lambda s: None)["skipped_existing"] == len(grid)
 

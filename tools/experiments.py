@@ -780,7 +780,6 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None, fin
     return counts
 
 
-PER_SCAN_KEYS = ("name", "scan", "dice")  # the run's method, task, seed and LR are its row of the results CSV
 
 
 def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
@@ -795,10 +794,10 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     return path
 
 
-def per_scan_rows(work: Path, results: list[dict]) -> list[dict]:
-    """The test Dice of every scan of every finished segmentation run (its evaluation's ``eval/*_dice.csv``),
-    keyed by the run's name (its row of the results CSV says the rest)."""
-    rows = []
+def per_scan_dice(work: Path, results: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """Run name -> [(scan, test Dice as written)] for every finished segmentation run (its evaluation's
+    ``eval/*_dice.csv``); the run's method, task, seed and LR are its row of the results CSV."""
+    runs = {}
     for res in results:
         if res.get("kind") == "pretrain":
             continue
@@ -806,9 +805,16 @@ def per_scan_rows(work: Path, results: list[dict]) -> list[dict]:
         if not dice_csvs:
             continue
         with open(dice_csvs[-1], newline="") as f:
-            for scan in csv.DictReader(f):
-                rows.append({"name": res["name"], "scan": scan["scan"], "dice": scan["dice"]})
-    return rows
+            runs[res["name"]] = [(scan["scan"], scan["dice"]) for scan in csv.DictReader(f)]
+    return runs
+
+
+def per_scan_table(runs: dict[str, list[tuple[str, object]]]) -> tuple[list[str], list[dict]]:
+    """The per-scan CSV's columns and rows: one row per run, ``name`` then one column per test scan (sorted; empty
+    where a run has no such scan). A run's 16 ACDC test scans take one row, not 16 (the long ``name,scan,dice``
+    layout of earlier CSVs repeated the name on each; the report reads both)."""
+    scans = sorted({scan for dice in runs.values() for scan, _ in dice})
+    return ["name", *scans], [{"name": name, **{scan: d for scan, d in dice}} for name, dice in runs.items()]
 
 
 def collect(work_dir, csv_path: str | None = None) -> Path:
@@ -823,9 +829,10 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
             "wall_s_all_attempts", "attempt", "gpu", "commit", "panel", "command"]
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
-    scans = per_scan_rows(work, rows)
+    scans = per_scan_dice(work, rows)
     if scans:
-        write_csv(scans, list(PER_SCAN_KEYS), path.with_name(f"{path.stem}_per_scan.csv"))
+        scan_keys, table = per_scan_table(scans)
+        write_csv(table, scan_keys, path.with_name(f"{path.stem}_per_scan.csv"))
     return write_csv(rows, keys, path)
 
 

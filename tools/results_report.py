@@ -123,7 +123,9 @@ def read_rows(csv_paths) -> list[dict]:
 
 def read_per_scan(csv_paths) -> dict[str, list[tuple[str, float]]]:
     """Run name -> [(scan, test Dice)] from the ``*_per_scan.csv`` files that ``collect`` writes beside its
-    results CSV; a run found in several files is taken from the last one (list them oldest first)."""
+    results CSV: one row per run, ``name`` then a column per scan (empty where the run has no such scan), or the
+    long ``name,scan,dice`` layout of earlier CSVs. A run found in several files is taken from the last one (list
+    them oldest first)."""
     runs: dict[str, list[tuple[str, float]]] = {}
     for path in map(Path, csv_paths):
         if not path.is_file():
@@ -131,14 +133,17 @@ def read_per_scan(csv_paths) -> dict[str, list[tuple[str, float]]]:
         fresh: dict[str, list[tuple[str, float]]] = {}
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            missing = {"name", "scan", "dice"} - set(reader.fieldnames or [])
-            if missing:
-                raise ReportError(f"{path}: missing columns {sorted(missing)}")
+            columns = list(reader.fieldnames or [])
+            if "name" not in columns or len(columns) < 2:
+                raise ReportError(f"{path}: expected a 'name' column and one column per test scan (or name,scan,dice)")
+            long = columns == ["name", "scan", "dice"]
             for r in reader:
-                try:
-                    fresh.setdefault(r["name"], []).append((r["scan"], float(r["dice"])))
-                except ValueError:
-                    raise ReportError(f"{path}: run {r['name']}, scan {r['scan']}: dice {r['dice']!r} is not a number") from None
+                cells = [(r["scan"], r["dice"])] if long else [(c, r[c]) for c in columns[1:] if r[c] not in ("", None)]
+                for scan, dice in cells:
+                    try:
+                        fresh.setdefault(r["name"], []).append((scan, float(dice)))
+                    except ValueError:
+                        raise ReportError(f"{path}: run {r['name']}, scan {scan}: dice {dice!r} is not a number") from None
         runs.update(fresh)
     return runs
 
