@@ -385,6 +385,11 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, tasks=None, counts=
     return narrow_runs(grid, only)
 
 
+def is_positive_seconds(value) -> bool:
+    """A positive number of seconds (an int or float, not a bool or a string): ``expected_s``, ``finish_by``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides",
              "mt_weights", "expected_s")
 
@@ -409,10 +414,9 @@ def read_plan(plan) -> list[dict]:
         unknown = sorted(set(entry) - set(PLAN_KEYS))
         if unknown:
             raise ExperimentError(f"plan entry {i}: unknown keys {unknown}; allowed: {list(PLAN_KEYS)}")
-        expected = entry.get("expected_s")
-        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, (int, float)) or expected <= 0):
+        if entry.get("expected_s") is not None and not is_positive_seconds(entry["expected_s"]):
             raise ExperimentError(f"plan entry {i}: expected_s must be a positive number of seconds (the wall time of "
-                                  f"one of its runs at the plan's concurrency), got {expected!r}")
+                                  f"one of its runs at the plan's concurrency), got {entry['expected_s']!r}")
     return [dict(e) for e in plan]
 
 
@@ -695,7 +699,7 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None, fin
     are left. Returns counts per outcome."""
     if jobs < 1:
         raise ExperimentError(f"jobs must be >= 1, got {jobs}")
-    if finish_by is not None and (isinstance(finish_by, bool) or not isinstance(finish_by, (int, float)) or finish_by <= 0):
+    if finish_by is not None and not is_positive_seconds(finish_by):
         raise ExperimentError(f"finish_by must be a positive number of seconds from the runner's start, got {finish_by!r}")
     gpus = parse_gpus(gpus)
     env = dict(os.environ)
@@ -778,8 +782,6 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None, fin
             signal.signal(signal.SIGTERM, previous_handler)
     counts["wall_s"] = round(time.perf_counter() - t0, 1)
     return counts
-
-
 
 
 def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
