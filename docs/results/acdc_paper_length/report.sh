@@ -15,5 +15,5 @@ cd "$HERE"
   --methods '["Baseline", "Contrast (Enc) + Ours (Dec)", "Baseline [long]", "Baseline [longnoflip]", "Contrast (Enc) + Ours (Dec) [pre10k]", "Ours (Dec) MI+CC [pre10k]", "Baseline [longaug]", "Contrast (Enc) + Ours (Dec) [pre10kaug]", "Contrast (Enc) + Ours (Dec) [onepre]", "Mean Teacher [gamma]", "Mean Teacher [unlab]", "Mean Teacher [nogamma]", "Mean Teacher [nogamma-labbn]", "Mean Teacher [nogamma-w0.5]", "MT + Ours [nogamma]"]' \
   --relabel '{"Baseline [longaug]": "Baseline", "Mean Teacher [gamma]": "Mean Teacher", "Contrast (Enc) + Ours (Dec) [pre10kaug]": "Contrast (Enc) + Ours (Dec)"}' \
   --paper_lr 1e-4 \
-  --pair_with '{"Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]"}' \
+  --pair_with '{"Mean Teacher [unlab]": "Mean Teacher", "Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]"}' \
   "${GROUP_ARGS[@]}"
