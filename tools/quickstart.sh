@@ -18,7 +18,7 @@ python3 -m monai.bundle run --config_file bundles/pretrain_bim/configs/train.jso
 if [ -f bundles/finetune_seg/configs/train.json ]; then
   python3 -m monai.bundle run --config_file bundles/finetune_seg/configs/train.json \
     --pretrained "$OUT/pretrain/model.pt" --task lv --labelled_scans 1 \
-    --output_dir "$OUT/finetune" --epochs 3 --iters_per_epoch 40 --warmup_epochs 1 --batch_size 8 \
+    --output_dir "$OUT/finetune" --epochs 6 --iters_per_epoch 40 --warmup_epochs 1 --batch_size 8 \
     --crop_size 96 --learning_rate 3e-3 --progress_bar False --features "$FEATURES"
   python3 -m monai.bundle run --config_file "['bundles/finetune_seg/configs/train.json','bundles/finetune_seg/configs/evaluate.json']" \
     --task lv --labelled_scans 1 --output_dir "$OUT/finetune" --features "$FEATURES"
