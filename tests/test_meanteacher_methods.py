@@ -590,3 +590,20 @@ def test_every_method_takes_its_labelled_term_from_supervised_loss_function(meth
     out = _step(method, net, supervised_loss_function=recording_loss, **extra)(net, _batch(), 0)
     assert calls and all(c == (torch.float32, (2, 2, 32, 32), (2, 1, 32, 32)) for c in calls)
     assert float(out["loss_sup"]) > 1.0  # cross-entropy of 2 classes at init is ~0.7: the +1 came through
+
+
+def test_the_teacher_batch_diagnosis_runs_on_the_demo_data(demo_dataset, tmp_path):
+    # docs/results/cpu_proxy_teacher_bn.py: the labelled scan's views change the teacher's unlabelled targets only
+    # through the joint batch's statistics; the script measures that per labelled scan and must run end to end
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cpu_proxy_teacher_bn", ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py")
+    proxy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proxy)
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "model.pt"
+    torch.save(build_unet(out_channels=2).state_dict(), checkpoint)
+    rows = proxy.main(str(demo_dataset), str(checkpoint), task="lv", seeds="0", batches=2, batch_size=2,
+                      unlabelled_batch_size=2, crop_size=64, max_unlabelled_scans=3, threads=1)
+    assert len(rows) == 1 and rows[0]["seed"] == 0
+    assert 0.0 < rows[0]["mean_abs_foreground_prob_change"] and 0.0 <= rows[0]["unlabelled_pixels_whose_class_flips"] <= 1.0
