@@ -594,16 +594,20 @@ def test_every_method_takes_its_labelled_term_from_supervised_loss_function(meth
 
 def test_the_teacher_batch_diagnosis_runs_on_the_demo_data(demo_dataset, tmp_path):
     # docs/results/cpu_proxy_teacher_bn.py: the labelled scan's views change the teacher's unlabelled targets only
-    # through the joint batch's statistics; the script measures that per labelled scan and must run end to end
-    import importlib.util
+    # through the joint batch's statistics; the script measures that per labelled scan and must run end to end, as
+    # its command line runs it (from another directory)
+    import json
+    import subprocess
 
-    spec = importlib.util.spec_from_file_location("cpu_proxy_teacher_bn", ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py")
-    proxy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(proxy)
     torch.manual_seed(0)
     checkpoint = tmp_path / "model.pt"
     torch.save(build_unet(out_channels=2).state_dict(), checkpoint)
-    rows = proxy.main(str(demo_dataset), str(checkpoint), task="lv", seeds="0", batches=2, batch_size=2,
-                      unlabelled_batch_size=2, crop_size=64, max_unlabelled_scans=3, threads=1)
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py"), "--dataset_dir",
+                          str(demo_dataset), "--checkpoint", str(checkpoint), "--seeds", "0", "--batches", "2",
+                          "--batch_size", "2", "--unlabelled_batch_size", "2", "--crop_size", "64",
+                          "--max_unlabelled_scans", "3", "--threads", "1"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1 and rows[0]["seed"] == 0
     assert 0.0 < rows[0]["mean_abs_foreground_prob_change"] and 0.0 <= rows[0]["unlabelled_pixels_whose_class_flips"] <= 1.0

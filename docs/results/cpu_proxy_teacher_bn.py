@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bundles"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bundles")]  # data_prep, and the bundles' shared code
 
 from bim_common.data import RandomSliceSampler, read_items, scan_dataset  # noqa: E402
 from bim_common.flags import as_flag  # noqa: E402
@@ -41,7 +41,8 @@ def teacher_prob(network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def main(dataset_dir: str, checkpoint: str, task: str = "lv", seeds: str = "0,1,2", batches: int = 20,
          batch_size: int = 5, unlabelled_batch_size: int = 5, crop_size: int = 224, max_unlabelled_scans: int = 60,
-         threads: int = 2, bf16: bool = False) -> list[dict]:
+         threads: int = 2, bf16: bool = False) -> None:
+    """Prints one JSON line per labelled scan (see the module docstring)."""
     torch.set_num_threads(threads)
     spec = get_task(task)
     network = load_pretrained(build_unet(out_channels=spec.num_classes), checkpoint)
@@ -54,7 +55,6 @@ def main(dataset_dir: str, checkpoint: str, task: str = "lv", seeds: str = "0,1,
                       gamma_range=spec.gamma_range)
     unl_views = [SegmentationAugment(**aug_kwargs, generator=torch.Generator().manual_seed(1 + i))(x)
                  for i, x in enumerate(unl_batches)]
-    rows = []
     for seed in (int(s) for s in str(seeds).split(",")):
         items = labelled_items(dataset_dir, seed, 1)
         lab = task_slice_store(scan_dataset(items, with_label=True), spec)
@@ -70,13 +70,11 @@ def main(dataset_dir: str, checkpoint: str, task: str = "lv", seeds: str = "0,1,
             fg_joint += (joint.argmax(1) > 0).float().mean().item()
             fg_sep += (separate.argmax(1) > 0).float().mean().item()
         n = len(unl_views)
-        rows.append({"labelled_scan": lab.scans[0], "seed": seed, "checkpoint": checkpoint,
-                     "unlabelled_pixels_whose_class_flips": round(flips / n, 4),
-                     "mean_abs_foreground_prob_change": round(change / n, 4),
-                     "foreground_fraction_joint": round(fg_joint / n, 4),
-                     "foreground_fraction_separate": round(fg_sep / n, 4)})
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        print(json.dumps({"labelled_scan": lab.scans[0], "seed": seed, "checkpoint": checkpoint,
+                          "unlabelled_pixels_whose_class_flips": round(flips / n, 4),
+                          "mean_abs_foreground_prob_change": round(change / n, 4),
+                          "foreground_fraction_joint": round(fg_joint / n, 4),
+                          "foreground_fraction_separate": round(fg_sep / n, 4)}), flush=True)
 
 
 if __name__ == "__main__":
