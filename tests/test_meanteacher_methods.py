@@ -603,11 +603,11 @@ def test_the_teacher_batch_diagnosis_runs_on_the_demo_data(demo_dataset, tmp_pat
     checkpoint = tmp_path / "model.pt"
     torch.save(build_unet(out_channels=2).state_dict(), checkpoint)
     out = subprocess.run([sys.executable, str(ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py"), "--dataset_dir",
-                          str(demo_dataset), "--checkpoint", str(checkpoint), "--seeds", "0", "--batches", "2",
+                          str(demo_dataset), "--checkpoint", str(checkpoint), "--seeds", "0,1", "--batches", "2",
                           "--batch_size", "2", "--unlabelled_batch_size", "2", "--crop_size", "64",
                           "--max_unlabelled_scans", "3", "--threads", "1"],
                          cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 1 and rows[0]["seed"] == 0
+    assert [r["seed"] for r in rows] == [0, 1]  # fire hands "0,1" over as a tuple
     assert 0.0 < rows[0]["mean_abs_foreground_prob_change"] and 0.0 <= rows[0]["unlabelled_pixels_whose_class_flips"] <= 1.0

@@ -23,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bundles")]  # data_prep, and the bundles' shared code
 
+from data_prep.common import parse_int_list  # noqa: E402
 from bim_common.data import RandomSliceSampler, read_items, scan_dataset  # noqa: E402
 from bim_common.flags import as_flag  # noqa: E402
 from bim_common.network import build_unet  # noqa: E402
@@ -55,7 +56,7 @@ def main(dataset_dir: str, checkpoint: str, task: str = "lv", seeds: str = "0,1,
                       gamma_range=spec.gamma_range)
     unl_views = [SegmentationAugment(**aug_kwargs, generator=torch.Generator().manual_seed(1 + i))(x)
                  for i, x in enumerate(unl_batches)]
-    for seed in (int(s) for s in str(seeds).split(",")):
+    for seed in parse_int_list(seeds, "seeds"):  # fire hands 0,1,2 over as a tuple
         items = labelled_items(dataset_dir, seed, 1)
         lab = task_slice_store(scan_dataset(items, with_label=True), spec)
         lab_aug = SegmentationAugment(**aug_kwargs, generator=torch.Generator().manual_seed(100 + seed))
