@@ -9,10 +9,10 @@ GROUP_ARGS=()
 [ "$DATALIST" = none ] || GROUP_ARGS=(--groups "$(realpath "$DATALIST")" --group_focus NOR)
 cd "$HERE"
 "${PYTHON:-python}" ../../../tools/experiments.py report \
-  "[../acdc_fast/results_calls_J_long.csv, ../acdc_fast/results_calls_L_pre10k.csv, ../acdc_fast/results_call_M4_long.csv, ../acdc_fast/results_calls_N.csv, results_calls_P.csv, results_calls_Q.csv, results_calls_R.csv, results_calls_T.csv, results_calls_W.csv, results_calls_X.csv, results_calls_Y.csv]" \
-  --per_scan "[results_calls_P_per_scan.csv, results_calls_Q_per_scan.csv, results_calls_R_per_scan.csv, results_calls_T_per_scan.csv, results_calls_W_per_scan.csv, results_calls_X_per_scan.csv, results_calls_Y_per_scan.csv]" \
+  "[../acdc_fast/results_calls_J_long.csv, ../acdc_fast/results_calls_L_pre10k.csv, ../acdc_fast/results_call_M4_long.csv, ../acdc_fast/results_calls_N.csv, results_calls_P.csv, results_calls_Q.csv, results_calls_R.csv, results_calls_T.csv, results_calls_W.csv, results_calls_X.csv, results_calls_Y.csv, results_calls_rows.csv]" \
+  --per_scan "[results_calls_P_per_scan.csv, results_calls_Q_per_scan.csv, results_calls_R_per_scan.csv, results_calls_T_per_scan.csv, results_calls_W_per_scan.csv, results_calls_X_per_scan.csv, results_calls_Y_per_scan.csv, results_calls_rows_per_scan.csv]" \
   --out_dir "$OUT" --title "ACDC at the paper's training lengths" --note "$(cat report_note.md)" \
-  --methods '["Baseline", "Contrast (Enc) + Ours (Dec)", "Baseline [long]", "Baseline [longnoflip]", "Contrast (Enc) + Ours (Dec) [pre10k]", "Ours (Dec) MI+CC [pre10k]", "Baseline [longaug]", "Contrast (Enc) + Ours (Dec) [pre10kaug]", "Contrast (Enc) + Ours (Dec) [onepre]", "Mean Teacher [gamma]", "Mean Teacher [unlab]", "Mean Teacher [nogamma]", "Mean Teacher [nogamma-labbn]", "Mean Teacher [nogamma-w0.5]", "MT + Ours [nogamma]"]' \
+  --methods '["Baseline", "IIC (Dec)", "Contrast (Enc)", "Ours (Dec) MI+CC", "Contrast (Enc) + Ours (Dec)", "Baseline [dicece]", "Baseline [long]", "Baseline [longnoflip]", "Contrast (Enc) + Ours (Dec) [pre10k]", "Ours (Dec) MI+CC [pre10k]", "Baseline [longaug]", "Contrast (Enc) + Ours (Dec) [pre10kaug]", "Contrast (Enc) + Ours (Dec) [onepre]", "Mean Teacher [gamma]", "Mean Teacher [unlab]", "Mean Teacher [nogamma]", "Mean Teacher [nogamma-labbn]", "Mean Teacher [nogamma-w0.5]", "MT + Ours [nogamma]"]' \
   --relabel '{"Baseline [longaug]": "Baseline", "Mean Teacher [gamma]": "Mean Teacher", "Contrast (Enc) + Ours (Dec) [pre10kaug]": "Contrast (Enc) + Ours (Dec)"}' \
   --paper_lr 1e-4 \
   --pair_with '{"Mean Teacher [unlab]": "Mean Teacher", "Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]"}' \

@@ -178,7 +178,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|rows|rows2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -199,9 +199,7 @@ t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.jso
   # (calls Y: 86.1 against [gamma]'s 57.8 at weight 1)? [unlab], and [tsep] (our L_MT with the teacher's labelled and
   # unlabelled views in separate forwards, meanteacher_seg 0.6.0's joint_teacher_batch false, as the student's are) at
   # weight 1 for LV seeds 0-2, Myo seed 0 (and [unlab] RV seed 0), then both at weight 10 (16 runs, a lease's worth);
-  # then the rest of y (RV seeds 0-2, Myo seeds 1-2); then, as fillers for the last call's free slots (LAST=1 holds
-  # a fresh run whose plan grid's expected_s would end after the call: lost with the machine), Baseline [dicece] on
-  # RV (Dice + CE in place of cross-entropy: is the loss our baseline's RV gap?), 1/2/4 scans, seeds 0-2.
+  # then the rest of y (RV seeds 0-2, Myo seeds 1-2). (Its Baseline [dicece] fillers on RV were dropped: rows ran them.)
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
@@ -212,6 +210,13 @@ t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.jso
   # with Baseline [dicece] on RV after the 1-scan cells. FIRST=1 JOBS=3 n.sh 588 rows: the three pre-trainings on
   # GPUs 0-2, one a GPU (10,000 x 10.5-12 s / 200 with the machine busy: they resume in the second call), [dicece] on
   # GPU 3, three at a time; then n.sh 588 rows, then LAST=1 n.sh 588 rows. Expect the 1-scan cells and part of 2.
+  # The rows calls (fifteenth session) ran the 1-scan cells, [dicece] and 11 of the 2-scan runs (see As run below).
+  # rows2 (prepared in the fifteenth session, not run): the rest of rows from three new pre-trainings (the first
+  # ones were lost with the machine; rename them pre_*_rows2 in the CSV after collection, with their fine-tunes'
+  # init, as calls Q did): Ours (Dec) MI+CC and Contrast (Enc) at 2 scans (but Contrast (Enc) LV seeds 0/1, which
+  # rows ran), Baseline [dicece] for LV and Myo at 1 scan (GPU 3 in the first call), then all three rows at 4 scans
+  # (3 pre-trainings, 49 fine-tunes; expected_s 340, what 3 fine-tunes a GPU took in the rows calls).
+  # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
   # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]').
@@ -219,7 +224,7 @@ t|u|v|w|x|y|z|rows|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.jso
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
-  [ $PHASE = rows ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
+  [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   if [ "${FIRST:-0}" = 1 ]; then
     GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
     GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
@@ -270,3 +275,8 @@ exit 0
 #   and Myo: SEEDS=0,1,2 COUNTS=1 LRS=2e-5,5e-4 METHODS=Baseline ONLY='["*_lv_n1_*"]' JOBS=6 n.sh 420 p3 (276 s) and
 #   the same with ONLY='["*_myo_n1_*"]' and n.sh 380 (269 s). Device time 1,625 s. Phase abl's alpha grid is what r ran;
 #   abl stays for the lambda_CC and K grids (ONLY='["*lambda_cc*"]' or '["*num_clusters*"]').
+# As run (commit 993d08e, one nvidia-h100-x4 lease, 4 x H100; the rows calls, fifteenth session): FIRST=1 JOBS=3
+#   n.sh 588 rows (564 s: the three pre-trainings ended in 250 / 473 / 531 s, so none had to resume), n.sh 588 rows
+#   (565 s), LAST=1 n.sh 578 rows (366 s: the runner returned when the plan's next runs, at expected_s 420, would
+#   not have ended in time; they took 210-340 s at three a GPU, hence rows2's 340). 50 of 93 runs. Device time
+#   1,560 of 1,800 s.
