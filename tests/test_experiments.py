@@ -134,6 +134,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         unlab = [r for r in grid if r.name.endswith("_unlab")]
         assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
                                        == "False" for r in unlab)
+    if plan.name == "decdiag.json":  # four Ours (Dec) pre-trainings, each with its own override, then LV before RV/Myo
+        pre = {r.name: dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[:4]}
+        assert [pre[n].get("--lambda_cc") for n in pre] == ["0.0", "0.1", "1.0", None]
+        assert pre["pre_ours_mi_cc_gradedge"]["--edge"] == "gradient_power" and "variants/ours_mi_cc.json" in str(grid[0].commands[0])
+        assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12
+        assert {r.depends for r in grid[4:]} == {(n,) for n in pre} and all(r.expected_s == 340 for r in grid[4:])
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}

@@ -178,7 +178,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|rows|rows2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -217,6 +217,12 @@ t|u|v|w|x|y|z|rows|rows2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHA
   # rows ran), Baseline [dicece] for LV and Myo at 1 scan (GPU 3 in the first call), then all three rows at 4 scans
   # (3 pre-trainings, 49 fine-tunes; expected_s 340, what 3 fine-tunes a GPU took in the rows calls).
   # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
+  # decdiag (prepared in the fifteenth session, not run): why do Ours (Dec) MI+CC's clusters follow edges, not anatomy
+  # (the rows calls: LV cluster Dice 28.5 against the full method's 53-75)? Four 10,000-iteration pre-trainings of
+  # ours_mi_cc, one a GPU: lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone), 0.1 ([cc01]), 1 again ([rep]: the spread
+  # between two pre-trainings of the same settings) and the authors' edge map ([gradedge]: |grad I|^0.75 in place of
+  # Sobel); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2 (36 fine-tunes).
+  # FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else), n.sh 588 decdiag, LAST=1 n.sh 578 decdiag.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
   # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]').
@@ -225,9 +231,11 @@ t|u|v|w|x|y|z|rows|rows2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHA
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
-  if [ "${FIRST:-0}" = 1 ]; then
+  [ $PHASE = decdiag ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
+  if [ "${FIRST:-0}" = 1 ]; then  # REST_GPUS=none: the pre-trainings only
     GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
-    GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
+    [ "${REST_GPUS:-}" = none ] ||
+      GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
