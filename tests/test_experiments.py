@@ -996,3 +996,35 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     with pytest.raises(ex.ExperimentError, match=r"dry_run must be True or False, got 'false' \(write --dry_run False\)"):
         ex.CLI().run_plan(str(ROOT / "docs/results/gpu_calls/plans/y.json"), "/d", str(tmp_path), dry_run="false")
     assert not ran
+
+
+@pytest.mark.parametrize("phase, env, expected", [
+    # decdiag's first call: its four pre-trainings, one a GPU, and nothing else (REST_GPUS none)
+    ("decdiag", {}, [("0,1,2,3", "decdiag.json", "--gpus 4 --jobs 4 --only [\"pre_*\"]")]),
+    # rows2's: three pre-trainings on GPUs 0-2, the runs that need none on GPU 3
+    ("rows2", {"JOBS": "3"}, [("0,1,2", "rows2.json", "--gpus 3 --jobs 3 --only [\"pre_*\"]"),
+                              ("3", "rows2.json", "--gpus 1 --jobs 3 --only [\"ft_random_*\"]")]),
+])
+def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
+    # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch
+    # with a stand-in python that records each command and the GPUs it was given
+    import os
+    import subprocess
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")  # no data preparation
+    (tmp_path / "out").mkdir()
+    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FIRST": "1", "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", phase], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"phase {phase} ended" in done.stdout
+    runners = sorted(line.split("|") for line in calls.read_text().splitlines() if " run_plan " in f" {line} ")
+    assert len(runners) == len(expected)
+    for (gpus, args), (want_gpus, plan, want_args) in zip(runners, sorted(expected)):
+        assert gpus == want_gpus and f"plans/{plan}" in args and want_args in args
+        assert f"--work_dir {tmp_path / 'w' / 'n' / phase} " in args

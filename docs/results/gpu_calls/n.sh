@@ -50,8 +50,9 @@
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
-D=/tmp/w/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=/tmp/w/n; mkdir -p $W
-[ $PHASE = p12 ] && { D=/tmp/w/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
+TW=${N_TMP:-/tmp/w}  # the work root (a test points it elsewhere)
+D=$TW/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
+[ $PHASE = p12 ] && { D=$TW/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
@@ -257,9 +258,9 @@ for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the l
 done
 # results only: no checkpoints, no TensorBoard, no PNGs, and nothing over 300 kB (call P2's tar went over 16 MiB,
 # most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB)
-(cd /tmp/w && find n -size +300k) > /tmp/w/big.txt
-tar czf $OUT/n_$PHASE.tgz -C /tmp/w --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X /tmp/w/big.txt n
-[ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C /tmp/w $(cd /tmp/w && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+(cd $TW && find n -size +300k) > $TW/big.txt
+tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X $TW/big.txt n
+[ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C $TW $(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
