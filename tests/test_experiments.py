@@ -1028,3 +1028,28 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     for (gpus, args), (want_gpus, plan, want_args) in zip(runners, sorted(expected)):
         assert gpus == want_gpus and f"plans/{plan}" in args and want_args in args
         assert f"--work_dir {tmp_path / 'w' / 'n' / phase} " in args
+
+
+def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):
+    path = tmp_path / "results.csv"
+    rows = [{"name": "pre_ours_mi_cc", "kind": "pretrain", "init": "", "panel": "runs/pre_ours_mi_cc/panels/c.png"},
+            {"name": "ft_pre_ours_mi_cc_lv_n2_s0_lr1e-4", "kind": "finetune", "init": "pre_ours_mi_cc", "panel": ""},
+            {"name": "ft_random_lv_n1_s0_lr1e-4", "kind": "finetune", "init": "random", "panel": ""}]
+    ex.write_csv(rows, ["name", "kind", "init", "panel"], path)
+    before = path.read_text()
+    with pytest.raises(ex.ExperimentError, match=r"results.csv: expected one pre-training row named 'pre_full'; found none"):
+        ex.rename_pretraining(path, "pre_full", "pre_full_x")
+    with pytest.raises(ex.ExperimentError, match="expected one pre-training row named 'ft_random_lv_n1_s0_lr1e-4'; found"):
+        ex.rename_pretraining(path, "ft_random_lv_n1_s0_lr1e-4", "x")
+    with pytest.raises(ex.ExperimentError, match="a run named 'ft_random_lv_n1_s0_lr1e-4' exists already"):
+        ex.rename_pretraining(path, "pre_ours_mi_cc", "ft_random_lv_n1_s0_lr1e-4")
+    assert path.read_text() == before  # nothing half-done
+    assert ex.rename_pretraining(path, "pre_ours_mi_cc", "pre_ours_mi_cc_rows2") == 1
+    with open(path, newline="") as f:
+        got = list(csv.DictReader(f))
+    assert [(r["name"], r["init"]) for r in got] == [("pre_ours_mi_cc_rows2", ""),
+                                                     ("ft_pre_ours_mi_cc_lv_n2_s0_lr1e-4", "pre_ours_mi_cc_rows2"),
+                                                     ("ft_random_lv_n1_s0_lr1e-4", "random")]
+    assert got[0]["panel"] == "runs/pre_ours_mi_cc_rows2/panels/c.png"
+    with pytest.raises(ex.ExperimentError, match="no such results CSV"):
+        ex.rename_pretraining(tmp_path / "none.csv", "a", "b")

@@ -838,6 +838,37 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
     return write_csv(rows, keys, path)
 
 
+def rename_pretraining(csv_path, old: str, new: str) -> int:
+    """Rename the pre-training ``old`` to ``new`` in a results CSV: its row's ``name`` (and ``panel`` folder) and the
+    ``init`` of every run fine-tuned from it, so that CSVs of two leases whose runner gave their pre-trainings the
+    same name (e.g. ``pre_ours_mi_cc``) can be reported together. Returns the number of runs re-pointed; the CSV is
+    rewritten whole (temporary file, then rename) or not at all."""
+    path = Path(csv_path)
+    if not path.is_file():
+        raise ExperimentError(f"{path}: no such results CSV (expected one written by collect)")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        keys, rows = list(reader.fieldnames or []), list(reader)
+    if not {"name", "kind", "init"} <= set(keys):
+        raise ExperimentError(f"{path}: expected a results CSV with the columns name, kind and init; got {keys}")
+    names = [r["name"] for r in rows]
+    pre = [r for r in rows if r["name"] == old]
+    if len(pre) != 1 or pre[0]["kind"] != "pretrain":
+        raise ExperimentError(f"{path}: expected one pre-training row named {old!r}; found "
+                              f"{[r['kind'] for r in pre] or 'none'} (pre-trainings: "
+                              f"{[r['name'] for r in rows if r['kind'] == 'pretrain']})")
+    if new in names:
+        raise ExperimentError(f"{path}: a run named {new!r} exists already; choose another name")
+    pre[0]["name"] = new
+    if pre[0].get("panel"):
+        pre[0]["panel"] = pre[0]["panel"].replace(f"runs/{old}/", f"runs/{new}/")
+    moved = [r for r in rows if r["init"] == old]
+    for r in moved:
+        r["init"] = new
+    write_csv(rows, keys, path)
+    return len(moved)
+
+
 # ------------------------------------------------------------------------------------------------------- CLI
 
 
@@ -896,6 +927,11 @@ class CLI:
     def collect(self, work_dir: str, csv_path: str | None = None) -> None:
         """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs."""
         print(collect(work_dir, csv_path))
+
+    def rename_pretraining(self, csv_path: str, old: str, new: str) -> None:
+        """Rename pre-training ``old`` to ``new`` in ``csv_path`` (its row and its fine-tunes' ``init``), e.g.
+        ``pre_ours_mi_cc`` to ``pre_ours_mi_cc_rows2`` before reporting it beside another lease's CSV."""
+        print(f"{csv_path}: {old} -> {new}, {rename_pretraining(csv_path, old, new)} runs fine-tuned from it")
 
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
                methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None,

@@ -213,8 +213,8 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # GPU 3, three at a time; then n.sh 588 rows, then LAST=1 n.sh 588 rows. Expect the 1-scan cells and part of 2.
   # The rows calls (fifteenth session) ran the 1-scan cells, [dicece] and 11 of the 2-scan runs (see As run below).
   # rows2 (prepared in the fifteenth session, not run): the rest of rows from three new pre-trainings (the first
-  # ones were lost with the machine; rename them pre_*_rows2 in the CSV after collection, with their fine-tunes'
-  # init, as calls Q did): Ours (Dec) MI+CC and Contrast (Enc) at 2 scans (but Contrast (Enc) LV seeds 0/1, which
+  # ones were lost with the machine; after collection, python tools/experiments.py rename_pretraining CSV pre_iic_dec
+  # pre_iic_dec_rows2, and the same for the other two, renames each row and its fine-tunes' init): Ours (Dec) MI+CC and Contrast (Enc) at 2 scans (but Contrast (Enc) LV seeds 0/1, which
   # rows ran), Baseline [dicece] for LV and Myo at 1 scan (GPU 3 in the first call), then all three rows at 4 scans
   # (3 pre-trainings, 49 fine-tunes; expected_s 340, what 3 fine-tunes a GPU took in the rows calls).
   # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
