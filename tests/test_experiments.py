@@ -134,12 +134,13 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         unlab = [r for r in grid if r.name.endswith("_unlab")]
         assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
                                        == "False" for r in unlab)
-    if plan.name == "decdiag.json":  # four Ours (Dec) pre-trainings, each with its own override, then LV before RV/Myo
+    if plan.name == "decdiag.json":  # Ours (Dec) at three lambda_CC, the full method as a control, LV first
         pre = {r.name: dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[:4]}
-        assert [pre[n].get("--lambda_cc") for n in pre] == ["0.0", "0.1", "1.0", None]
-        assert pre["pre_ours_mi_cc_gradedge"]["--edge"] == "gradient_power" and "variants/ours_mi_cc.json" in str(grid[0].commands[0])
-        assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12
-        assert {r.depends for r in grid[4:]} == {(n,) for n in pre} and all(r.expected_s == 340 for r in grid[4:])
+        assert list(pre) == ["pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_cc01", "pre_ours_mi_cc_rep"]
+        assert [a["--lambda_cc"] for a in pre.values()] == ["1.0", "0.0", "0.1", "1.0"]
+        assert "variants/full.json" in str(grid[0].commands[0]) and "variants/ours_mi_cc.json" in str(grid[1].commands[0])
+        assert len(grid) == 31 and [r.meta["task"] for r in grid[4:13]] == ["lv"] * 9  # the control is not fine-tuned
+        assert {r.depends for r in grid[4:]} == {(n,) for n in list(pre)[1:]} and all(r.expected_s == 340 for r in grid[4:])
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
@@ -1018,6 +1019,11 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")  # no data preparation
     (tmp_path / "out").mkdir()
+    runs = tmp_path / "w" / "n" / phase / "runs"  # finished pre-trainings (decdiag probes those without a probe)
+    for name in ("pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_rep"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "checkpoint_final.pt").write_bytes(b"")
+    (runs / "pre_ours_mi_cc_rep" / "path_dependence_validation.json").write_text("{}")
     run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FIRST": "1", "BIM_GIT_COMMIT": "x",
                "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
     done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", phase], cwd=ROOT,
@@ -1028,6 +1034,12 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     for (gpus, args), (want_gpus, plan, want_args) in zip(runners, sorted(expected)):
         assert gpus == want_gpus and f"plans/{plan}" in args and want_args in args
         assert f"--work_dir {tmp_path / 'w' / 'n' / phase} " in args
+    probes = sorted(line for line in calls.read_text().splitlines() if "path_dependence.json" in line)
+    if phase == "decdiag":  # the control's variant for pre_full_*, ours_mi_cc for the others; a probed one is skipped
+        assert len(probes) == 2 and "variants/full.json" in probes[0] and f"runs/pre_full_ctl/" in probes[0]
+        assert "variants/ours_mi_cc.json" in probes[1] and "runs/pre_ours_mi_cc_cc0/" in probes[1]
+    else:
+        assert probes == []
 
 
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):

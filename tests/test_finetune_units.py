@@ -441,3 +441,23 @@ def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is
                 assert parser["train#step#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
         finally:
             sys.path.remove(str(ROOT / "bundles" / bundle))
+
+
+def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_information():
+    # the path-dependence probe of pretrain_bim: a level reaches the decoder as its per-channel spatial mean
+    from bim_common.network import unet_embeddings
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=1, features=SMALL).train()  # batch statistics: every level is well scaled
+    x = torch.randn(2, 1, 64, 64)
+    glob, dense = unet_embeddings(net, x)
+    assert torch.equal(unet_embeddings(net, x, ())[1], dense)
+    for level in range(5):
+        g, d = unet_embeddings(net, x, [level])
+        assert torch.equal(g, glob) and d.shape == dense.shape  # the global embedding is never ablated
+        assert (d - dense).abs().max() > 1e-3, f"ablating level {level} must change the dense embedding"
+    # an image whose level-4 features are already spatially constant is unchanged by ablating level 4
+    net.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
+    assert torch.allclose(unet_embeddings(net, x)[1], unet_embeddings(net, x, [4])[1], atol=1e-6)
+    with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
+        unet_embeddings(net, x, [5])

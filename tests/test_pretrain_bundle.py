@@ -58,6 +58,13 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
         assert again["classes"][name]["pooled_dice"] == pytest.approx(v["pooled_dice"], abs=1e-6)
     run_bundle("pretrain_bim", ["train.json", "evaluate.json"], dataset_dir=demo_dataset, output_dir=out)
     assert json.loads((out / "cluster_quality_test.json").read_text())["split"] == "test"
+    # path_dependence.json: for each encoder level, the share of pixels whose cluster changes without its spatial
+    # information, and the cluster scores then
+    run_bundle("pretrain_bim", ["train.json", "path_dependence.json"], dataset_dir=demo_dataset, output_dir=out)
+    paths = json.loads((out / "path_dependence_validation.json").read_text())
+    assert paths["split"] == "validation" and paths["scans"] == quality["scans"] and set(paths["levels"]) == set("01234")
+    assert all(0 <= v["changed"] <= 1 and 0 <= v["changed_in_structures"] <= 1 and set(v["pooled_dice"]) == {"RV", "Myo", "LV"}
+               for v in paths["levels"].values())
     assert not list(out.rglob("*.tmp")), "no temporary files are left behind"
 
 

@@ -95,19 +95,30 @@ def unet_global_embedding(net: BasicUNet, x: torch.Tensor) -> torch.Tensor:
     return unet_encoder_features(net, x)[-1]
 
 
-def unet_embeddings(net: BasicUNet, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def unet_embeddings(net: BasicUNet, x: torch.Tensor, ablate_levels: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``net`` without its final 1x1 conv and return ``(global_embedding, dense_embedding)``.
 
     ``global_embedding`` is the encoder output (``down_4``, 512 channels at 1/16 resolution, the paper's
     ``conv5``); ``dense_embedding`` is the last decoder block (``upcat_1``, 32 channels at full resolution,
     the paper's ``upconv2``), i.e. the layer right before ``final_conv``.
+
+    ``ablate_levels`` (a probe of a trained network, not for training): encoder levels 0-4 whose output reaches the
+    decoder as its per-channel spatial mean (each image its own), i.e. without its spatial information. Level 4 is
+    the bottleneck, the whole deep path; levels 0-3 are the skip connections of ``conv_0`` ... ``down_3`` (the
+    deeper levels are still computed from them). The global embedding is never ablated.
     """
-    x0, x1, x2, x3, x4 = unet_encoder_features(net, x)
+    feats = unet_encoder_features(net, x)
+    x0, x1, x2, x3, x4 = feats
+    if ablate_levels:
+        if any(not 0 <= int(k) <= 4 for k in ablate_levels):
+            raise ValueError(f"ablate_levels must be encoder levels 0-4, got {list(ablate_levels)}")
+        x0, x1, x2, x3, x4 = (f.mean((-2, -1), keepdim=True).expand_as(f) if k in ablate_levels else f
+                              for k, f in enumerate(feats))
     u4 = net.upcat_4(x4, x3)
     u3 = net.upcat_3(u4, x2)
     u2 = net.upcat_2(u3, x1)
     u1 = net.upcat_1(u2, x0)
-    return x4, u1
+    return feats[4], u1
 
 
 def backbone_state_dict(net: BasicUNet) -> dict[str, torch.Tensor]:

@@ -219,11 +219,14 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # (3 pre-trainings, 49 fine-tunes; expected_s 340, what 3 fine-tunes a GPU took in the rows calls).
   # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
   # decdiag (prepared in the fifteenth session, not run): why do Ours (Dec) MI+CC's clusters follow edges, not anatomy
-  # (the rows calls: LV cluster Dice 28.5 against the full method's 53-75)? Four 10,000-iteration pre-trainings of
-  # ours_mi_cc, one a GPU: lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone), 0.1 ([cc01]), 1 again ([rep]: the spread
-  # between two pre-trainings of the same settings) and the authors' edge map ([gradedge]: |grad I|^0.75 in place of
-  # Sobel); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2 (36 fine-tunes).
-  # FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else), n.sh 588 decdiag, LAST=1 n.sh 578 decdiag.
+  # (the rows calls: LV cluster Dice 28.5 against the full method's 53-75)? Four 10,000-iteration pre-trainings, one a
+  # GPU: ours_mi_cc at lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone), 0.1 ([cc01]) and 1 again ([rep]: the spread
+  # between two pre-trainings of the same settings), and the full method ([ctl], no fine-tunes) as the control of
+  # pretrain_bim's path_dependence.json probe, which this phase runs on each finished pre-training (how many pixels
+  # change cluster when an encoder level reaches the decoder without its spatial information: do the clusters use
+  # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2 (27
+  # fine-tunes). FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else; the probes if time is
+  # left), n.sh 588 decdiag (the probes first, in the background), LAST=1 n.sh 578 decdiag.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
   # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]').
@@ -233,11 +236,22 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
+  probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it
+    for q in $W/$PHASE/runs/pre_*/; do
+      local v=ours_mi_cc; case $(basename $q) in pre_full*) v=full ;; esac
+      [ -f $q/checkpoint_final.pt ] && [ ! -f $q/path_dependence_validation.json ] && [ $(left) -gt 60 ] &&
+        timeout $(( $(left) - 40 )) python -m monai.bundle run --config_file "['bundles/pretrain_bim/configs/train.json', \
+          'bundles/pretrain_bim/configs/variants/$v.json','bundles/pretrain_bim/configs/path_dependence.json']" \
+          --dataset_dir $D --output_dir $q > $q/path_dependence.log 2>&1
+    done
+  }
+  [ $PHASE = decdiag ] && [ "${FIRST:-0}" != 1 ] && { probe_paths & }
   if [ "${FIRST:-0}" = 1 ]; then  # REST_GPUS=none: the pre-trainings only
     GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
     [ "${REST_GPUS:-}" = none ] ||
       GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
+    [ $PHASE = decdiag ] && probe_paths
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
   fi
