@@ -139,7 +139,9 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert list(pre) == ["pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_cc01", "pre_ours_mi_cc_rep"]
         assert [a["--lambda_cc"] for a in pre.values()] == ["1.0", "0.0", "0.1", "1.0"]
         assert "variants/full.json" in str(grid[0].commands[0]) and "variants/ours_mi_cc.json" in str(grid[1].commands[0])
-        assert len(grid) == 31 and [r.meta["task"] for r in grid[4:13]] == ["lv"] * 9  # the control is not fine-tuned
+        assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12  # the control is not fine-tuned
+        assert [r.meta["lr"] for r in grid if r.meta.get("lr") == 2e-5] == [2e-5] * 9  # [rep] also at the paper's LR
+        assert {r.name.rsplit("_", 1)[1] for r in grid[13:22]} == {"rep"}
         assert {r.depends for r in grid[4:]} == {(n,) for n in list(pre)[1:]} and all(r.expected_s == 340 for r in grid[4:])
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:

@@ -224,8 +224,8 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # between two pre-trainings of the same settings), and the full method ([ctl], no fine-tunes) as the control of
   # pretrain_bim's path_dependence.json probe, which this phase runs on each finished pre-training (how many pixels
   # change cluster when an encoder level reaches the decoder without its spatial information: do the clusters use
-  # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2 (27
-  # fine-tunes). FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else; the probes if time is
+  # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2, and [rep]
+  # also at the paper's LR 2e-5 (36 fine-tunes). FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else; the probes if time is
   # left), n.sh 588 decdiag (the probes first, in the background), LAST=1 n.sh 578 decdiag.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
