@@ -1067,3 +1067,21 @@ def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(t
     assert got[0]["panel"] == "runs/pre_ours_mi_cc_rows2/panels/c.png"
     with pytest.raises(ex.ExperimentError, match="no such results CSV"):
         ex.rename_pretraining(tmp_path / "none.csv", "a", "b")
+
+
+def test_ordering_lines_count_the_pairs_of_paper_rows_in_the_papers_order():
+    # the paper's LV 1 order: full 84.48 > Ours (Dec) 84.04 > IIC (Dec) 71.96 > Baseline 67.13
+    methods = ["Baseline", "IIC (Dec)", "Ours (Dec) MI+CC", "Contrast (Enc) + Ours (Dec)", "Baseline [dicece]",
+               "Contrast (Enc)"]
+    same = {("Baseline", "lv", 1): (50.0, 1.0, 3), ("IIC (Dec)", "lv", 1): (60.0, 1.0, 3),
+            ("Ours (Dec) MI+CC", "lv", 1): (70.0, 1.0, 3), ("Contrast (Enc) + Ours (Dec)", "lv", 1): (80.0, 1.0, 3),
+            # neither a tagged row nor a row the paper lacks is ranked, however it scores
+            ("Baseline [dicece]", "lv", 1): (99.0, 1.0, 3), ("Contrast (Enc)", "lv", 1): (1.0, 1.0, 3),
+            ("Baseline", "rv", 1): (20.0, 1.0, 3)}  # a column with one paper row is left out
+    lines = rr.ordering_lines(methods, [("lv", 1), ("rv", 1)], same)
+    assert lines[0].startswith("Ordering: of the pairs of the paper's rows measured here, 6 of 6 are in the paper's order")
+    assert len([x for x in lines if x.startswith("| LV 1 | 4 | 6 of 6 |")]) == 1 and not any("| RV 1 |" in x for x in lines)
+    swapped = {**same, ("Baseline", "lv", 1): (90.0, 1.0, 3)}  # the baseline now first: its 3 pairs are out of order
+    assert "| LV 1 | 4 | 3 of 6 | Baseline > Contrast (Enc) + Ours (Dec) > Ours (Dec) MI+CC > IIC (Dec) |" in \
+        "\n".join(rr.ordering_lines(methods, [("lv", 1)], swapped))
+    assert rr.ordering_lines(["Baseline"], [("lv", 1)], same) == []

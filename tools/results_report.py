@@ -437,6 +437,32 @@ def gap_table(methods, columns, cells) -> str:
     return "\n".join(lines)
 
 
+def ordering_lines(methods, columns, cells) -> list[str]:
+    """Whether our ranking of the paper's rows follows the paper's, per column: of the pairs of rows that have a mean
+    here and a number in the paper's Table 1 (untagged rows only: a tagged row ran other settings), how many are in
+    the paper's order, and our order, best first. What the issue asks of a fast protocol ("preserve the paper's
+    ordering of methods") is then a count. Empty when no column has two such rows."""
+    names = dict(TASK_COLUMNS)
+    lines, agree_all, pairs_all = [], 0, 0
+    for t, n in columns:
+        rows = [(m, cells[(m, t, n)][0], PAPER_TABLE1[m][t][n]) for m in methods
+                if m in PAPER_TABLE1 and (m, t, n) in cells and n in PAPER_TABLE1[m].get(t, {})]
+        if len(rows) < 2:
+            continue
+        pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
+        agree = sum((a[1] - b[1]) * (a[2] - b[2]) > 0 for a, b in pairs)
+        agree_all, pairs_all = agree_all + agree, pairs_all + len(pairs)
+        ours = " > ".join(m for m, _, _ in sorted(rows, key=lambda r: -r[1]))
+        paper = " > ".join(m for m, _, _ in sorted(rows, key=lambda r: -r[2]))
+        lines.append(f"| {names[t]} {n} | {len(rows)} | {agree} of {len(pairs)} | {ours} | {paper} |")
+    if not lines:
+        return []
+    return [f"Ordering: of the pairs of the paper's rows measured here, {agree_all} of {pairs_all} are in the paper's "
+            "order (per column below; untagged rows with a paper number only):", "",
+            "| column | rows | pairs in the paper's order | our order, best first | the paper's order |",
+            "|---|---|---|---|---|", *lines, ""]
+
+
 def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
     """Each method against its reference run for run: a pair shares structure, labelled scans and seed (so the same
     labelled scans). The reference is ``reference`` unless ``pair_with`` names another for the method (a tagged
@@ -867,7 +893,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
                + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
                markdown_table(methods, columns, cells), "", *(one_lr_lines(seg) if protocol == "tuned" else []),
                "Our mean minus the paper's (Dice points):", "",
-               gap_table(methods, columns, cells), "", *paired_table(chosen, pair_with),
+               gap_table(methods, columns, cells), "", *ordering_lines(methods, columns, cells),
+               *paired_table(chosen, pair_with),
                *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else []),
                *chosen_weight_lines(chosen, candidates(seg, protocol, paper_lr))]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
