@@ -1085,3 +1085,37 @@ def test_ordering_lines_count_the_pairs_of_paper_rows_in_the_papers_order():
     assert "| LV 1 | 4 | 3 of 6 | Baseline > Contrast (Enc) + Ours (Dec) > Ours (Dec) MI+CC > IIC (Dec) |" in \
         "\n".join(rr.ordering_lines(methods, [("lv", 1)], swapped))
     assert rr.ordering_lines(["Baseline"], [("lv", 1)], same) == []
+
+
+def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path, demo_dataset):
+    # the probe's command (its config list spans two lines of n.sh) run for real on a finished pre-training of the
+    # demo data; only the plan runner is stood in for. Its JSON must come back in the call's tar.
+    import os
+    import subprocess
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from bundle_helpers import run_bundle
+
+    work = tmp_path / "w"
+    runs = work / "n" / "decdiag" / "runs"
+    work.mkdir()
+    (work / "acdc").symlink_to(demo_dataset, target_is_directory=True)
+    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=work / "acdc",
+               output_dir=runs / "pre_ours_mi_cc_cc0", epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2,
+               panel_every=100, save_every=100, progress_bar=False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/usr/bin/env bash\ncase " $* " in *" run_plan "*|*" collect "*) exit 0 ;; esac\n'
+                                    f'exec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "N_TMP": str(work),
+           "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "300", "decdiag"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    probe = json.loads((runs / "pre_ours_mi_cc_cc0" / "path_dependence_validation.json").read_text())
+    assert set(probe["levels"]) == set("01234")
+    with tarfile.open(tmp_path / "out" / "n_decdiag.tgz") as tar:
+        assert "n/decdiag/runs/pre_ours_mi_cc_cc0/path_dependence_validation.json" in tar.getnames()
