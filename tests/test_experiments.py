@@ -1119,3 +1119,26 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     assert set(probe["levels"]) == set("01234")
     with tarfile.open(tmp_path / "out" / "n_decdiag.tgz") as tar:
         assert "n/decdiag/runs/pre_ours_mi_cc_cc0/path_dependence_validation.json" in tar.getnames()
+
+
+def test_collect_reads_the_path_probe_and_the_report_shows_it_beside_the_cluster_quality(tmp_path):
+    for name, probed in (("pre_ours_mi_cc_cc0", True), ("pre_full_ctl", False)):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "result.json").write_text(json.dumps({"name": name, "kind": "pretrain", "variant": name.split("_", 1)[1],
+                                                     "cq_nmi": 0.07, "cq_LV": 0.285, "cq_LV_per_scan": 0.329}))
+        if probed:
+            levels = {str(k): {"changed": k / 10, "changed_in_structures": k / 5, "pooled_dice": {"LV": 0.2}}
+                      for k in range(5)}
+            (run / "path_dependence_validation.json").write_text(json.dumps({"split": "validation", "levels": levels}))
+    with open(ex.collect(tmp_path), newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert float(rows["pre_ours_mi_cc_cc0"]["pd_L4"]) == 0.4 and float(rows["pre_ours_mi_cc_cc0"]["pd_L0_in"]) == 0.0
+    assert rows["pre_full_ctl"]["pd_L4"] == ""  # not probed: an empty cell, not a zero
+    lines = rr.cluster_quality_table(rr.read_rows([tmp_path / "results.csv"]))
+    assert lines[4].endswith("| NMI | level 4 | level 0 |")
+    row = next(x for x in lines if "`pre_ours_mi_cc_cc0`" in x)
+    assert row.endswith("| 0.070 | 40.0 (80.0) | 0.0 (0.0) |")
+    assert next(x for x in lines if "`pre_full_ctl`" in x).endswith("| 0.070 | – | – |")
+    # without any probe the table keeps its columns
+    assert rr.cluster_quality_table([{**rows["pre_full_ctl"], "cq_nmi": 0.07}])[4].endswith("| NMI |")

@@ -796,6 +796,18 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     return path
 
 
+def path_dependence_columns(run_dir: Path) -> dict:
+    """A pre-training's ``path_dependence_validation.json`` (pretrain_bim's ``configs/path_dependence.json``, run after
+    the pre-training, so read at collection): ``pd_L<k>`` the share of pixels whose cluster changes without encoder
+    level k's spatial information, ``pd_L<k>_in`` the same inside the labelled structures. Empty when not probed."""
+    path = run_dir / "path_dependence_validation.json"
+    if not path.is_file():
+        return {}
+    levels = json.loads(path.read_text())["levels"]
+    return {key: value for k, v in levels.items()
+            for key, value in ((f"pd_L{k}", v["changed"]), (f"pd_L{k}_in", v["changed_in_structures"]))}
+
+
 def per_scan_dice(work: Path, results: list[dict]) -> dict[str, list[tuple[str, str]]]:
     """Run name -> [(scan, test Dice as written)] for every finished segmentation run (its evaluation's
     ``eval/*_dice.csv``); the run's method, task, seed and LR are its row of the results CSV."""
@@ -829,6 +841,9 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
     keys = ["name", "kind", "preset", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
             "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
             "wall_s_all_attempts", "attempt", "gpu", "commit", "panel", "command"]
+    for row in rows:
+        if row.get("kind") == "pretrain":
+            row.update(path_dependence_columns(work / "runs" / row["name"]))
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
     scans = per_scan_dice(work, rows)

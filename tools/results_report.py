@@ -675,15 +675,26 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
         return f"{100 * float(pooled):.1f} ({100 * float(per_scan):.1f})" + (
             f" / {100 * float(m2o):.1f}" if m2o not in (None, "") else "")
 
+    probed = [k for k in (4, 0) if any(r.get(f"pd_L{k}") not in (None, "") for r in scored)]
+
+    def probe(r, k):
+        changed, inside = r.get(f"pd_L{k}"), r.get(f"pd_L{k}_in")
+        return "–" if changed in (None, "") else f"{100 * float(changed):.1f} ({100 * float(inside):.1f})"
+
     md = ["## Cluster quality of the pre-trainings (labels used only to score)", "",
           "Best single cluster's Dice × 100 per structure, over the validation scans pooled: one cluster must stand "
           "for the structure in every scan. In brackets, the same with each scan free to pick its own cluster. "
           "After the slash (pretrain_bim >= 0.2.1), the many-to-one Dice: each cluster given its majority class, the "
-          "union of a structure's clusters scored. NMI between clusters and labels.", "",
-          "| pre-training | " + " | ".join(names) + " | NMI |", "|" + "---|" * (len(names) + 2)]
+          "union of a structure's clusters scored. NMI between clusters and labels."
+          + (" `level 4` / `level 0` (pretrain_bim's `path_dependence.json`, where run): the % of pixels whose cluster "
+             "changes when the bottleneck (the deep path) / the first skip connection reaches the decoder without its "
+             "spatial information; inside the labelled structures in brackets." if probed else ""), "",
+          "| pre-training | " + " | ".join(names) + " | NMI |" + "".join(f" level {k} |" for k in probed),
+          "|" + "---|" * (len(names) + 2 + len(probed))]
     for r in sorted_pretrains(scored):
         md.append(f"| {_pretrain_label(r, ' ')} `{r['name']}` | " + " | ".join(cell(r, n) for n in names)
-                  + f" | {float(r['cq_nmi']):.3f} |")  # the run name tells apart two pre-trainings of one label
+                  + f" | {float(r['cq_nmi']):.3f} |"  # the run name tells apart two pre-trainings of one label
+                  + "".join(f" {probe(r, k)} |" for k in probed))
     return md + [""]
 
 
