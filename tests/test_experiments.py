@@ -1021,8 +1021,8 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")  # no data preparation
     (tmp_path / "out").mkdir()
-    runs = tmp_path / "w" / "n" / phase / "runs"  # finished pre-trainings (decdiag probes those without a probe)
-    for name in ("pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_rep"):
+    runs = tmp_path / "w" / "n" / phase / "runs"  # finished pre-trainings: probed unless probed already or Contrast (Enc)
+    for name in ("pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_rep", "pre_contrast_enc"):
         (runs / name).mkdir(parents=True)
         (runs / name / "checkpoint_final.pt").write_bytes(b"")
     (runs / "pre_ours_mi_cc_rep" / "path_dependence_validation.json").write_text("{}")
@@ -1036,12 +1036,10 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     for (gpus, args), (want_gpus, plan, want_args) in zip(runners, sorted(expected)):
         assert gpus == want_gpus and f"plans/{plan}" in args and want_args in args
         assert f"--work_dir {tmp_path / 'w' / 'n' / phase} " in args
+    # then the path probe of each finished pre-training that lacks one, with its own variant file
     probes = sorted(line for line in calls.read_text().splitlines() if "path_dependence.json" in line)
-    if phase == "decdiag":  # the control's variant for pre_full_*, ours_mi_cc for the others; a probed one is skipped
-        assert len(probes) == 2 and "variants/full.json" in probes[0] and f"runs/pre_full_ctl/" in probes[0]
-        assert "variants/ours_mi_cc.json" in probes[1] and "runs/pre_ours_mi_cc_cc0/" in probes[1]
-    else:
-        assert probes == []
+    assert len(probes) == 2 and "variants/full.json" in probes[0] and "runs/pre_full_ctl/" in probes[0]
+    assert "variants/ours_mi_cc.json" in probes[1] and "runs/pre_ours_mi_cc_cc0/" in probes[1]
 
 
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):

@@ -229,7 +229,9 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # left), n.sh 588 decdiag (the probes first, in the background), LAST=1 n.sh 578 decdiag.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
-  # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]').
+  # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
+  # phase also runs pretrain_bim's path_dependence.json on each of its finished pre-trainings that lacks one (in the
+  # background at the start of a later call; after the runners in a FIRST call, if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
@@ -238,20 +240,21 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   [ $PHASE = decdiag ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
   probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it
     for q in $W/$PHASE/runs/pre_*/; do
-      local v=ours_mi_cc; case $(basename $q) in pre_full*) v=full ;; esac
+      local v  # the variant file of the pre-training (Contrast (Enc) trains no cluster head: nothing to probe)
+      case $(basename $q) in pre_full*) v=full ;; pre_ours_mi_cc*) v=ours_mi_cc ;; pre_iic_dec*) v=iic_dec ;; *) continue ;; esac
       [ -f $q/checkpoint_final.pt ] && [ ! -f $q/path_dependence_validation.json ] && [ $(left) -gt 60 ] &&
         timeout $(( $(left) - 40 )) python -m monai.bundle run --config_file "['bundles/pretrain_bim/configs/train.json', \
           'bundles/pretrain_bim/configs/variants/$v.json','bundles/pretrain_bim/configs/path_dependence.json']" \
           --dataset_dir $D --output_dir $q > $q/path_dependence.log 2>&1
     done
   }
-  [ $PHASE = decdiag ] && [ "${FIRST:-0}" != 1 ] && { probe_paths & }
+  [ "${FIRST:-0}" != 1 ] && { probe_paths & }  # every plan phase: the probes of its finished pre-trainings first
   if [ "${FIRST:-0}" = 1 ]; then  # REST_GPUS=none: the pre-trainings only
     GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
     [ "${REST_GPUS:-}" = none ] ||
       GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
-    [ $PHASE = decdiag ] && probe_paths
+    probe_paths  # if time is left
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
   fi
