@@ -134,10 +134,11 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         unlab = [r for r in grid if r.name.endswith("_unlab")]
         assert len(unlab) == 4 and all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--consistency_on_labelled"]
                                        == "False" for r in unlab)
-    if plan.name == "decdiag.json":  # Ours (Dec) at three lambda_CC, the full method as a control, LV first
+    if plan.name == "decdiag.json":  # Ours (Dec) at lambda_CC 0 / 1 and on upcat_3, the full method as control
         pre = {r.name: dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[:4]}
-        assert list(pre) == ["pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_cc01", "pre_ours_mi_cc_rep"]
-        assert [a["--lambda_cc"] for a in pre.values()] == ["1.0", "0.0", "0.1", "1.0"]
+        assert list(pre) == ["pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_dl3", "pre_ours_mi_cc_rep"]
+        assert [a.get("--lambda_cc") for a in pre.values()] == ["1.0", "0.0", None, "1.0"]
+        assert pre["pre_ours_mi_cc_dl3"]["--dense_level"] == "3"  # the clusters on upcat_3, at 1/4 resolution
         assert "variants/full.json" in str(grid[0].commands[0]) and "variants/ours_mi_cc.json" in str(grid[1].commands[0])
         assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12  # the control is not fine-tuned
         assert [r.meta["lr"] for r in grid if r.meta.get("lr") == 2e-5] == [2e-5] * 9  # [rep] also at the paper's LR
@@ -1036,10 +1037,9 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     for (gpus, args), (want_gpus, plan, want_args) in zip(runners, sorted(expected)):
         assert gpus == want_gpus and f"plans/{plan}" in args and want_args in args
         assert f"--work_dir {tmp_path / 'w' / 'n' / phase} " in args
-    # then the path probe of each finished pre-training that lacks one, with its own variant file
-    probes = sorted(line for line in calls.read_text().splitlines() if "path_dependence.json" in line)
-    assert len(probes) == 2 and "variants/full.json" in probes[0] and "runs/pre_full_ctl/" in probes[0]
-    assert "variants/ours_mi_cc.json" in probes[1] and "runs/pre_ours_mi_cc_cc0/" in probes[1]
+    # then the path probe (experiments.py probe) of each finished pre-training that lacks one
+    probes = sorted(line.split("|")[1] for line in calls.read_text().splitlines() if " probe " in f" {line} ")
+    assert [p.split("/runs/")[1] for p in probes] == ["pre_contrast_enc/", "pre_full_ctl/", "pre_ours_mi_cc_cc0/"]
 
 
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):
@@ -1089,6 +1089,7 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     # the probe's command (its config list spans two lines of n.sh) run for real on a finished pre-training of the
     # demo data; only the plan runner is stood in for. Its JSON must come back in the call's tar.
     import os
+    import shlex
     import subprocess
     import tarfile
 
@@ -1099,9 +1100,15 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     runs = work / "n" / "decdiag" / "runs"
     work.mkdir()
     (work / "acdc").symlink_to(demo_dataset, target_is_directory=True)
-    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=work / "acdc",
-               output_dir=runs / "pre_ours_mi_cc_cc0", epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2,
-               panel_every=100, save_every=100, progress_bar=False)
+    pre = runs / "pre_ours_mi_cc_cc0"
+    overrides = dict(epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2, panel_every=100, save_every=100,
+                     progress_bar=False, features=[8, 8, 16, 16, 32, 8], num_clusters=10, dense_level=2)
+    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=work / "acdc", output_dir=pre,
+               **overrides)
+    # the runner's record of it (the probe reuses its arguments: the widths, clusters and dense_level must match)
+    command = ex._cmd([ex.PRETRAIN_TRAIN, "bundles/pretrain_bim/configs/variants/ours_mi_cc.json"],
+                      {"dataset_dir": str(work / "acdc"), "output_dir": "/elsewhere", **overrides})
+    (pre / "run.json").write_text(json.dumps({"name": pre.name, "kind": "pretrain", "commands": [shlex.join(command)]}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text('#!/usr/bin/env bash\ncase " $* " in *" run_plan "*|*" collect "*) exit 0 ;; esac\n'
@@ -1140,3 +1147,35 @@ def test_collect_reads_the_path_probe_and_the_report_shows_it_beside_the_cluster
     assert next(x for x in lines if "`pre_full_ctl`" in x).endswith("| 0.070 | – | – |")
     # without any probe the table keeps its columns
     assert rr.cluster_quality_table([{**rows["pre_full_ctl"], "cq_nmi": 0.07}])[4].endswith("| NMI |")
+
+
+def test_probe_command_reuses_the_pre_trainings_arguments_or_refuses_clearly(tmp_path):
+    import shlex
+
+    grid = ex.build_plan(ROOT / "docs" / "results" / "gpu_calls" / "plans" / "decdiag.json", "/data", tmp_path)
+    by_name = {r.name: r for r in grid}
+    for name in ("pre_ours_mi_cc_cc0", "pre_full_ctl"):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"name": name, "kind": "pretrain",
+                                                  "commands": [shlex.join(c) for c in by_name[name].commands]}))
+    with pytest.raises(ex.ExperimentError, match="pre_ours_mi_cc_cc0: no checkpoint_final.pt"):
+        ex.probe_command(tmp_path / "runs" / "pre_ours_mi_cc_cc0")
+    (tmp_path / "runs" / "pre_ours_mi_cc_cc0" / "checkpoint_final.pt").write_bytes(b"")
+    cmd = ex.probe_command(tmp_path / "runs" / "pre_ours_mi_cc_cc0", dataset_dir="/moved")
+    args = dict(zip(cmd[4::2], cmd[5::2]))
+    assert eval(args["--config_file"])[-1] == ex.PRETRAIN_PATHS and "variants/ours_mi_cc.json" in args["--config_file"]
+    assert args["--lambda_cc"] == "0.0" and args["--dataset_dir"] == "/moved"  # its own overrides, the data moved
+    assert args["--output_dir"] == str(tmp_path / "runs" / "pre_ours_mi_cc_cc0") and cmd[0] == sys.executable
+    # a variant that trains no cluster head has nothing to probe
+    run = tmp_path / "runs" / "pre_contrast_enc"
+    run.mkdir()
+    (run / "checkpoint_final.pt").write_bytes(b"")
+    enc = next(r for r in ex.build_grid("acdc_paper", "/data", tmp_path, methods="Contrast (Enc)") if r.kind == "pretrain")
+    (run / "run.json").write_text(json.dumps({"kind": "pretrain", "commands": [shlex.join(enc.commands[0])]}))
+    assert ex.probe_command(run) is None
+    with pytest.raises(ex.ExperimentError, match=r"run.json: expected the record of a pre-training"):
+        (run / "run.json").write_text(json.dumps({"kind": "finetune", "commands": ["x"]}))
+        ex.probe_command(run)
+    with pytest.raises(ex.ExperimentError, match="no such file"):
+        ex.probe_command(tmp_path / "nowhere")

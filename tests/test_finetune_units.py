@@ -461,3 +461,19 @@ def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_informat
     assert torch.allclose(unet_embeddings(net, x)[1], unet_embeddings(net, x, [4])[1], atol=1e-6)
     with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
         unet_embeddings(net, x, [5])
+
+
+def test_unet_embeddings_dense_level_takes_a_deeper_decoder_block():
+    from bim_common.network import dense_channels, unet_embeddings
+
+    net = build_unet(out_channels=1, features=SMALL).eval()
+    x = torch.randn(2, 1, 64, 64)
+    glob, last = unet_embeddings(net, x)
+    assert torch.equal(unet_embeddings(net, x, dense_level=1)[1], last)  # the paper's block is the default
+    for level, (channels, size) in {2: (16, 32), 3: (32, 16), 4: (64, 8)}.items():
+        g, d = unet_embeddings(net, x, dense_level=level)
+        assert torch.equal(g, glob) and tuple(d.shape) == (2, channels, size, size) == (2, dense_channels(SMALL, level), size, size)
+    assert dense_channels(SMALL, 1) == SMALL[5]
+    for bad in (0, 5, True, "2"):
+        with pytest.raises(ValueError, match="dense_level must be one of"):
+            dense_channels(SMALL, bad)

@@ -168,3 +168,24 @@ def test_benchmark_profiles_the_step_and_writes_the_operator_table(demo_dataset,
     assert "bare_unet_eager_bf16" not in result  # --bare False
     ops = table.read_text()
     assert "Name" in ops and "aten::convolution" in ops  # the U-Net's operators, sorted by their own time
+
+
+def test_dense_level_clusters_a_deeper_decoder_block_and_scores_it_at_the_image_resolution(demo_dataset, tmp_path):
+    # dense_level 2: the cluster head on upcat_2 (half resolution); the panel and the scores upsample its map
+    out = tmp_path / "run"
+    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=demo_dataset, output_dir=out,
+               **{**TINY, "panel_every": 2, "iters_per_epoch": 2, "dense_level": 2})
+    state = torch.load(out / "checkpoint_final.pt", weights_only=True)["network"]
+    assert state["cluster_head.heads.0.weight"].shape[1] == TINY["features"][1]  # upcat_2's width
+    from PIL import Image
+
+    w, h = Image.open(out / "panels" / "clusters_latest.png").size
+    assert w == 4 * (64 + 4) and h % (64 + 4) == 0  # same layout as at the last block
+    assert set(json.loads((out / "cluster_quality.json").read_text())["classes"]) == {"RV", "Myo", "LV"}
+    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json", "path_dependence.json"],
+               dataset_dir=demo_dataset, output_dir=out, features=TINY["features"], num_clusters=TINY["num_clusters"],
+               num_subheads=TINY["num_subheads"], dense_level=2)
+    assert set(json.loads((out / "path_dependence_validation.json").read_text())["levels"]) == set("01234")
+    with pytest.raises(RuntimeError) as bad:  # MONAI's parser wraps the network's own error: one clear cause
+        _train_workflow(demo_dataset, tmp_path / "bad", dense_level=5).parser.get_parsed_content("network_def")
+    assert "dense_level must be one of [1, 2, 3, 4]" in str(bad.value.__cause__)

@@ -27,6 +27,7 @@ The grid of a preset can be narrowed on the command line (``--tasks lv --counts 
 
 from __future__ import annotations
 
+import ast
 import csv
 import fnmatch
 import json
@@ -49,6 +50,7 @@ sys.path.insert(0, str(BUNDLES))
 from bim_common.flags import require_flags  # noqa: E402  (torch-free, so the runner stays light)
 
 PRETRAIN_TRAIN = "bundles/pretrain_bim/configs/train.json"
+PRETRAIN_PATHS = "bundles/pretrain_bim/configs/path_dependence.json"
 FINETUNE_TRAIN = "bundles/finetune_seg/configs/train.json"
 FINETUNE_EVAL = "bundles/finetune_seg/configs/evaluate.json"
 MT_TRAIN = "bundles/meanteacher_seg/configs/train.json"
@@ -796,6 +798,38 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     return path
 
 
+def probe_command(run_dir, dataset_dir: str | None = None) -> list[str] | None:
+    """The command that runs pretrain_bim's ``path_dependence.json`` on the finished pre-training in ``run_dir`` with
+    the arguments it was trained with (read from its ``run.json``, so that the network matches: widths, clusters,
+    ``dense_level``), its ``output_dir`` set to ``run_dir`` and, if given, another ``dataset_dir``. None for a
+    variant whose cluster head is not trained (no L_MI, L_CC or IMSAT weight: nothing to probe)."""
+    run_dir = Path(run_dir)
+    record = run_dir / "run.json"
+    if not record.is_file():
+        raise ExperimentError(f"{record}: no such file (expected the run.json the runner writes for a pre-training)")
+    rec = json.loads(record.read_text())
+    if rec.get("kind") != "pretrain" or not rec.get("commands"):
+        raise ExperimentError(f"{record}: expected the record of a pre-training with its commands, got kind "
+                              f"{rec.get('kind')!r}")
+    if not (run_dir / "checkpoint_final.pt").is_file():
+        raise ExperimentError(f"{run_dir}: no checkpoint_final.pt; probe a pre-training once it has finished")
+    args = shlex.split(rec["commands"][0])
+    try:
+        i, j = args.index("--config_file") + 1, args.index("--output_dir") + 1
+    except ValueError:
+        raise ExperimentError(f"{record}: its command has no --config_file or --output_dir: {rec['commands'][0]}") from None
+    configs = ast.literal_eval(args[i]) if args[i].startswith("[") else [args[i]]
+    weights = json.loads((ROOT / PRETRAIN_TRAIN).read_text())["loss_weights"]
+    for cfg in configs[1:]:
+        weights = {**weights, **json.loads((ROOT / cfg).read_text()).get("loss_weights", {})}
+    if not any(weights.get(k) not in (0, 0.0) for k in ("mi", "cc", "imsat")):
+        return None
+    args[0], args[i], args[j] = sys.executable, repr([*configs, PRETRAIN_PATHS]), str(run_dir)
+    if dataset_dir is not None:
+        args[args.index("--dataset_dir") + 1] = str(dataset_dir)
+    return args
+
+
 def path_dependence_columns(run_dir: Path) -> dict:
     """A pre-training's ``path_dependence_validation.json`` (pretrain_bim's ``configs/path_dependence.json``, run after
     the pre-training, so read at collection): ``pd_L<k>`` the share of pixels whose cluster changes without encoder
@@ -942,6 +976,21 @@ class CLI:
     def collect(self, work_dir: str, csv_path: str | None = None) -> None:
         """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs."""
         print(collect(work_dir, csv_path))
+
+    def probe(self, run_dir: str, dataset_dir: str | None = None) -> None:
+        """Run pretrain_bim's ``path_dependence.json`` on a finished pre-training of the runner (``runs/pre_*``) with
+        the arguments it was trained with: writes ``path_dependence_validation.json`` there (``collect`` copies it
+        into the CSV), logging to ``path_dependence.log``. ``dataset_dir``: if the data moved since."""
+        cmd = probe_command(run_dir, dataset_dir)
+        if cmd is None:
+            print(f"{run_dir}: its variant trains no cluster head; nothing to probe")
+            return
+        log = Path(run_dir) / "path_dependence.log"
+        with open(log, "w") as f:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise ExperimentError(f"{run_dir}: the probe failed (exit {rc}); see {log}")
+        print(Path(run_dir) / "path_dependence_validation.json")
 
     def rename_pretraining(self, csv_path: str, old: str, new: str) -> None:
         """Rename pre-training ``old`` to ``new`` in ``csv_path`` (its row and its fine-tunes' ``init``), e.g.

@@ -95,18 +95,41 @@ def unet_global_embedding(net: BasicUNet, x: torch.Tensor) -> torch.Tensor:
     return unet_encoder_features(net, x)[-1]
 
 
-def unet_embeddings(net: BasicUNet, x: torch.Tensor, ablate_levels: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+DENSE_LEVELS = {1: "upcat_1", 2: "upcat_2", 3: "upcat_3", 4: "upcat_4"}
+
+
+def check_dense_level(dense_level) -> int:
+    """``dense_level`` as an int, or a ValueError saying what is expected."""
+    if isinstance(dense_level, bool) or dense_level not in DENSE_LEVELS:
+        raise ValueError(f"dense_level must be one of {sorted(DENSE_LEVELS)} (the decoder block upcat_<level> the "
+                         f"dense embedding is taken from; 1, the last, is the paper's), got {dense_level!r}")
+    return int(dense_level)
+
+
+def dense_channels(features: Sequence[int], dense_level: int = 1) -> int:
+    """Channels of the decoder block ``upcat_<dense_level>`` of a U-Net of widths ``features``: the last block
+    (``upcat_1``, full resolution) has ``features[5]``; ``upcat_k`` for k = 2, 3, 4 (1/2, 1/4, 1/8 resolution) has
+    the width of encoder level k - 1."""
+    k = check_dense_level(dense_level)
+    return int(features[5] if k == 1 else features[k - 1])
+
+
+def unet_embeddings(net: BasicUNet, x: torch.Tensor, ablate_levels: Sequence[int] = (),
+                    dense_level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``net`` without its final 1x1 conv and return ``(global_embedding, dense_embedding)``.
 
     ``global_embedding`` is the encoder output (``down_4``, 512 channels at 1/16 resolution, the paper's
     ``conv5``); ``dense_embedding`` is the last decoder block (``upcat_1``, 32 channels at full resolution,
-    the paper's ``upconv2``), i.e. the layer right before ``final_conv``.
+    the paper's ``upconv2``), i.e. the layer right before ``final_conv``. ``dense_level`` k > 1 takes it from the
+    deeper block ``upcat_k`` instead (1/2^(k-1) resolution; the blocks after it are not run): the paper clusters
+    "dense embeddings taken from some intermediate layer of the decoder" and names the last one.
 
     ``ablate_levels`` (a probe of a trained network, not for training): encoder levels 0-4 whose output reaches the
     decoder as its per-channel spatial mean (each image its own), i.e. without its spatial information. Level 4 is
     the bottleneck, the whole deep path; levels 0-3 are the skip connections of ``conv_0`` ... ``down_3`` (the
     deeper levels are still computed from them). The global embedding is never ablated.
     """
+    dense_level = check_dense_level(dense_level)
     feats = unet_encoder_features(net, x)
     x0, x1, x2, x3, x4 = feats
     if ablate_levels:
@@ -114,11 +137,12 @@ def unet_embeddings(net: BasicUNet, x: torch.Tensor, ablate_levels: Sequence[int
             raise ValueError(f"ablate_levels must be encoder levels 0-4, got {list(ablate_levels)}")
         x0, x1, x2, x3, x4 = (f.mean((-2, -1), keepdim=True).expand_as(f) if k in ablate_levels else f
                               for k, f in enumerate(feats))
-    u4 = net.upcat_4(x4, x3)
-    u3 = net.upcat_3(u4, x2)
-    u2 = net.upcat_2(u3, x1)
-    u1 = net.upcat_1(u2, x0)
-    return feats[4], u1
+    u = net.upcat_4(x4, x3)
+    for level, (block, skip) in zip((3, 2, 1), ((net.upcat_3, x2), (net.upcat_2, x1), (net.upcat_1, x0))):
+        if dense_level > level:
+            break
+        u = block(u, skip)
+    return feats[4], u
 
 
 def backbone_state_dict(net: BasicUNet) -> dict[str, torch.Tensor]:

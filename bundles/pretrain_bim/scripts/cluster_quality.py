@@ -32,7 +32,6 @@ from ignite.engine import Engine, Events
 
 from bim_common.data import read_items, resolve_dataset_dir, volume_loader
 from bim_common.inference import SliceBatchInferer, atomic_write_text
-from bim_common.network import unet_embeddings
 
 logger = logging.getLogger("bim")
 
@@ -138,8 +137,7 @@ class ClusterQualityHandler:
         load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
 
         def cluster_probs(x):
-            dense = unet_embeddings(model.unet, x, ablate_levels)[1] if ablate_levels else model(x)[1]
-            return model.cluster_head(dense)[0]
+            return model.cluster_map_probs(x, ablate_levels)
 
         for it in items:
             d = load(it)
@@ -166,7 +164,8 @@ class ClusterQualityHandler:
     @torch.no_grad()
     def path_dependence(self, model, levels=(0, 1, 2, 3, 4)) -> dict | None:
         """Which encoder levels the clusters are computed from. For each level k, the level's output reaches the
-        decoder without its spatial information (its per-channel mean, ``unet_embeddings(..., ablate_levels=[k])``)
+        decoder without its spatial information (its per-channel mean, ``bim_common.network.unet_embeddings``'s
+        ``ablate_levels=[k]``)
         and the cluster maps of the labelled ``split`` scans are compared with the intact ones:
 
         - ``changed``: the share of pixels whose cluster changes, over all pixels;

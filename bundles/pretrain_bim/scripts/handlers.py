@@ -60,8 +60,7 @@ class ClusterPanelHandler:
         was_training = model.training
         model.eval()
         x = self.images.to(next(model.parameters()).device)
-        _, dense = model(x)
-        probs = model.cluster_head(dense)[0].float()
+        probs = model.cluster_map_probs(x).float()
         if was_training:
             model.train()
         usage = L.cluster_usage(probs)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
 from bim_common.engine import bf16_autocast
@@ -27,7 +28,8 @@ class BIMPretrainTrainer(SupervisedTrainer):
        gives x (one ``grid_sample``);
     2. the pair transform T draws one random state: T(x) on the image (gamma + affine);
     3. one forward pass of the U-Net on [x, T(x)] under bf16 autocast gives global and dense embeddings;
-    4. p_hat = g(s(T(x))), p_tilde = g(T(s(x))) (the same affine applied to the dense embedding of x),
+    4. p_hat = g(s(T(x))), p_tilde = g(T(s(x))) (the same affine applied to the dense embedding of x, taken
+       from the last decoder block or, with ``dense_level`` > 1, a deeper one at its own resolution),
        compared only where T maps inside the image; L_CC correlates the edges of T(x) with the entropy of p_hat;
     5. losses in fp32: ``total = w_con * L_con + w_cc * L_CC + w_mi * L_MI`` (+ the baselines' IMSAT and
        local-contrast terms when their weights are non-zero).
@@ -105,7 +107,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
             if self.needs_decoder:
                 d_x, d_tx = dense[:b], dense[b:]
                 d_tilde = self.pair_transform.apply_features(d_x, params)  # T(s(x))
-        mask = self.pair_transform.valid_mask(params, x)
+        mask = self.pair_transform.valid_mask(params, d_x if self.needs_decoder else x)  # at the dense resolution
         if w["con"]:
             labels = batch["partition"].repeat(2)
             out["con"] = L.supervised_contrastive_loss(z.float(), labels, self.temperature)
@@ -148,6 +150,8 @@ def dense_objectives(
     marks pixels that T maps inside the image. Returns the losses and the first sub-head's p_hat.
     """
     b = d_hat.shape[0]
+    if image_t.shape[-2:] != d_hat.shape[-2:]:  # a deeper decoder block (dense_level > 1): edges at its resolution
+        image_t = F.interpolate(image_t, size=d_hat.shape[-2:], mode="area")
     with bf16_autocast(d_hat.device, bf16):
         heads = cluster_head(torch.cat([d_hat, d_tilde]))  # list over sub-heads, fp32 softmax
     p_hat = [h[:b] for h in heads]

@@ -220,8 +220,9 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
   # decdiag (prepared in the fifteenth session, not run): why do Ours (Dec) MI+CC's clusters follow edges, not anatomy
   # (the rows calls: LV cluster Dice 28.5 against the full method's 53-75)? Four 10,000-iteration pre-trainings, one a
-  # GPU: ours_mi_cc at lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone), 0.1 ([cc01]) and 1 again ([rep]: the spread
-  # between two pre-trainings of the same settings), and the full method ([ctl], no fine-tunes) as the control of
+  # GPU: ours_mi_cc at lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone) and 1 again ([rep]: the spread between two
+  # pre-trainings of the same settings), ours_mi_cc clustering upcat_3 ([dl3]: pretrain_bim's dense_level 3, at 1/4
+  # resolution, the remedy if the skips are the shortcut), and the full method ([ctl], no fine-tunes) as the control of
   # pretrain_bim's path_dependence.json probe, which this phase runs on each finished pre-training (how many pixels
   # change cluster when an encoder level reaches the decoder without its spatial information: do the clusters use
   # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2, and [rep]
@@ -238,14 +239,11 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
-  probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it
+  probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it,
+    # with the arguments it was trained with (experiments.py probe; a variant without a cluster head is skipped)
     for q in $W/$PHASE/runs/pre_*/; do
-      local v  # the variant file of the pre-training (Contrast (Enc) trains no cluster head: nothing to probe)
-      case $(basename $q) in pre_full*) v=full ;; pre_ours_mi_cc*) v=ours_mi_cc ;; pre_iic_dec*) v=iic_dec ;; *) continue ;; esac
       [ -f $q/checkpoint_final.pt ] && [ ! -f $q/path_dependence_validation.json ] && [ $(left) -gt 60 ] &&
-        timeout $(( $(left) - 40 )) python -m monai.bundle run --config_file "['bundles/pretrain_bim/configs/train.json', \
-          'bundles/pretrain_bim/configs/variants/$v.json','bundles/pretrain_bim/configs/path_dependence.json']" \
-          --dataset_dir $D --output_dir $q > $q/path_dependence.log 2>&1
+        timeout $(( $(left) - 40 )) python tools/experiments.py probe $q >> $W/$PHASE.probe.out 2>&1
     done
   }
   [ "${FIRST:-0}" != 1 ] && { probe_paths & }  # every plan phase: the probes of its finished pre-trainings first
