@@ -95,8 +95,9 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
 
 
 def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
-    # a GPU call carries the checkout with .device (the ACDC pack, about 64.1 MB) under a 64 MiB limit: the tracked
-    # files must stay under 2.5 MB, so results commit CSVs and small PNGs, never data or weights
+    # a GPU call carries the working tree (tracked files) with .device (the ACDC pack: 64,106,853 bytes after
+    # prepare.sh acdc) under the device's 64 MiB (67,108,864 bytes): 3.0 MB for the tracked files. Keep 0.2 MB of it
+    # spare (the pack's size is the workplace's); results commit CSVs and small PNGs, never data or weights
     import subprocess
 
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
@@ -104,7 +105,7 @@ def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
         pytest.skip("not a git checkout")
     files = [ROOT / f for f in listed.stdout.decode().split("\0") if f]
     sizes = sorted(((f.stat().st_size, f.relative_to(ROOT).as_posix()) for f in files if f.is_file()), reverse=True)
-    assert sum(s for s, _ in sizes) < 2_500_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
+    assert sum(s for s, _ in sizes) < 2_800_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
 
 @pytest.mark.parametrize("plan", sorted((ROOT / "docs" / "results" / "gpu_calls" / "plans").glob("*.json")), ids=lambda p: p.name)
 def test_the_committed_gpu_plans_build(plan, tmp_path):
