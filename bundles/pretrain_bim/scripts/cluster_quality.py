@@ -164,9 +164,9 @@ class ClusterQualityHandler:
     @torch.no_grad()
     def path_dependence(self, model, levels=(0, 1, 2, 3, 4)) -> dict | None:
         """Which encoder levels the clusters are computed from. For each level k, the level's output reaches the
-        decoder without its spatial information (its per-channel mean, ``bim_common.network.unet_embeddings``'s
-        ``ablate_levels=[k]``)
-        and the cluster maps of the labelled ``split`` scans are compared with the intact ones:
+        decoder without its spatial information (its per-channel mean: ``ablate_levels=[k]`` of
+        ``bim_common.network.unet_embeddings``), and the cluster maps of the labelled ``split`` scans are compared
+        with the intact ones:
 
         - ``changed``: the share of pixels whose cluster changes, over all pixels;
         - ``changed_in_structures``: the same inside the labelled structures (label > 0);
