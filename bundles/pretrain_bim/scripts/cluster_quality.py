@@ -148,7 +148,7 @@ class ClusterQualityHandler:
         return int(model.cluster_head.num_clusters)
 
     @torch.no_grad()
-    def score(self, model, ablate_levels=()) -> dict | None:
+    def score(self, model) -> dict | None:
         items, names = self._labelled_items()
         if not items or not names:
             logger.info(f"cluster quality: no labelled {self.split!r} scans (or no label names): not scored")
@@ -156,7 +156,7 @@ class ClusterQualityHandler:
         was_training = model.training
         model.eval()
         counts = [contingency(clusters, label, self._num_clusters(model), max(names) + 1)
-                  for clusters, label in self._scan_clusters(model, ablate_levels)]
+                  for clusters, label in self._scan_clusters(model)]
         if was_training:
             model.train()
         return {"split": self.split, **cluster_quality(counts, names)}
