@@ -145,6 +145,14 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert [r.meta["lr"] for r in grid if r.meta.get("lr") == 2e-5] == [2e-5] * 9  # [rep] also at the paper's LR
         assert {r.name.rsplit("_", 1)[1] for r in grid[13:22]} == {"rep"}
         assert {r.depends for r in grid[4:]} == {(n,) for n in list(pre)[1:]} and all(r.expected_s == 340 for r in grid[4:])
+    if plan.name == "decdiag2.json":  # what would make Ours (Dec)'s clusters anatomical: four pre-trainings first
+        pre = {r.name: dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[:4]}
+        assert list(pre) == ["pre_ours_mi_cc_nogam", "pre_ours_mi_cc_k10", "pre_ours_mi_cc_edgeg", "pre_full_con01"]
+        assert pre["pre_ours_mi_cc_nogam"]["--train#pair_transform#gamma_range"] == "[1.0, 1.0]"  # gamma off in T
+        assert pre["pre_ours_mi_cc_k10"]["--num_clusters"] == "10" and pre["pre_ours_mi_cc_edgeg"]["--edge"] == "gradient_power"
+        assert pre["pre_full_con01"]["--loss_weights#con"] == "0.1" and "variants/full.json" in str(grid[3].commands[0])
+        assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12 and all(r.expected_s == 340 for r in grid[4:])
+        assert {r.depends for r in grid[4:]} == {(n,) for n in pre} and {r.meta["lr"] for r in grid[4:]} == {1e-4}
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
@@ -1006,6 +1014,7 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
 @pytest.mark.parametrize("phase, env, expected", [
     # decdiag's first call: its four pre-trainings, one a GPU, and nothing else (REST_GPUS none)
     ("decdiag", {}, [("0,1,2,3", "decdiag.json", "--gpus 4 --jobs 4 --only [\"pre_*\"]")]),
+    ("decdiag2", {}, [("0,1,2,3", "decdiag2.json", "--gpus 4 --jobs 4 --only [\"pre_*\"]")]),
     # rows2's: three pre-trainings on GPUs 0-2, the runs that need none on GPU 3
     ("rows2", {"JOBS": "3"}, [("0,1,2", "rows2.json", "--gpus 3 --jobs 3 --only [\"pre_*\"]"),
                               ("3", "rows2.json", "--gpus 1 --jobs 3 --only [\"ft_random_*\"]")]),

@@ -179,7 +179,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -228,6 +228,16 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2, and [rep]
   # also at the paper's LR 2e-5 (36 fine-tunes). FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else; the probes if time is
   # left), n.sh 588 decdiag (the probes first, in the background), LAST=1 n.sh 578 decdiag.
+  # The decdiag calls (sixteenth session) ran it (see As run below): the skips are not the shortcut, lambda_CC and
+  # dense_level 3 change nothing. decdiag2 (prepared in the sixteenth session, not run): what, then, would make Ours
+  # (Dec)'s clusters anatomical? Four more 10,000-iteration pre-trainings, one a GPU, read first by their
+  # cluster_quality.json and probe: ours_mi_cc without gamma in T ([nogam]: gamma_range [1, 1]; its clusters look like
+  # bands parallel to the edges, which a monotone gamma leaves unchanged), with K = 10 ([k10]), with the authors' edge
+  # map ([edgeg]: |grad I|^0.75 in place of Sobel), and the full method with L_con at weight 0.1 ([con01]: how much of
+  # the meta-label signal makes the clusters anatomical?); then LV at 1 scan for all four, then RV and Myo (seeds 0-2,
+  # 36 fine-tunes). Same calls as decdiag: FIRST=1 n.sh 588 decdiag2, n.sh 588 decdiag2 (straight after, within
+  # 30 s: four pre-trainings at once took 8.4-11.2 s an epoch, so those with L_con or L_CC at full width end a few
+  # epochs into the second call, from their last checkpoint), LAST=1 n.sh 578 decdiag2.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
   # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -238,7 +248,7 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|p12)  # 4 GPUs, about 3 calls each: the plan pl
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
-  [ $PHASE = decdiag ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
+  [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
   probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it,
     # with the arguments it was trained with (experiments.py probe; a variant without a cluster head is skipped)
     for q in $W/$PHASE/runs/pre_*/; do
@@ -304,3 +314,12 @@ exit 0
 #   (565 s), LAST=1 n.sh 578 rows (366 s: the runner returned when the plan's next runs, at expected_s 420, would
 #   not have ended in time; they took 210-340 s at three a GPU, hence rows2's 340). 50 of 93 runs. Device time
 #   1,560 of 1,800 s.
+# As run (commit 0126c92, one nvidia-h100-x4 lease, 4 x H100; the decdiag calls, sixteenth session): FIRST=1 n.sh 588
+#   decdiag (564 s: [dl3] ended in 412 s, [cc0] in 514 s; [rep] and [ctl], at 9.7-11.2 s an epoch with four
+#   pre-trainings on the machine, were 3 and 5 epochs short), ONLY='["ft_pre_ours_mi_cc_cc0_*",
+#   "ft_pre_ours_mi_cc_dl3_*"]' n.sh 588 decdiag (564 s: 16 of those 18 fine-tunes, 231-384 s each, four or five a
+#   GPU; the probes of [cc0] and [dl3]), LAST=1 n.sh 578 decdiag (436 s: [rep] and [ctl] resumed from their last
+#   checkpoints and ended in 85 / 107 s, then 14 of [rep]'s fine-tunes and the two left over; [rep] Myo at 1e-4 and RV
+#   seed 2 at 1e-4 were held back by LAST), then, by hand, python tools/experiments.py probe on [rep] and [ctl] (44 s,
+#   one a GPU; the call's probes start before the runner, so they missed the two that ended in it). 36 of 40 runs.
+#   Device time 1,694 of 1,800 s.
