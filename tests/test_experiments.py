@@ -1052,6 +1052,39 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     assert [p.split("/runs/")[1] for p in probes] == ["pre_contrast_enc/", "pre_full_ctl/", "pre_ours_mi_cc_cc0/"]
 
 
+def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
+    # a later call probes its finished pre-trainings first, in the background, and again after its runner: one that
+    # resumed and ended in the call (the decdiag calls' [rep] and [ctl]) is probed too, and none twice
+    import os
+    import subprocess
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    runs = tmp_path / "w" / "n" / "decdiag2" / "runs"
+    bin_dir.mkdir()
+    # the stand-in runner "finishes" a pre-training that was cut in the call before
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n'
+                                    f'case " $* " in *" run_plan "*) sleep 1; touch {runs}/pre_full_con01/checkpoint_final.pt;; esac\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    for name in ("pre_ours_mi_cc_k10", "pre_full_con01"):
+        (runs / name).mkdir(parents=True)
+    (runs / "pre_ours_mi_cc_k10" / "checkpoint_final.pt").write_bytes(b"")
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "decdiag2"], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "phase decdiag2 ended" in done.stdout
+    lines = calls.read_text().splitlines()
+    runner = [i for i, x in enumerate(lines) if " run_plan " in f" {x} "]
+    assert len(runner) == 1 and "--gpus 4 --jobs 14" in lines[runner[0]]
+    probes = [(i, x.split("/runs/")[1]) for i, x in enumerate(lines) if " probe " in f" {x} "]
+    # k10 (the stand-in writes no JSON, so the second pass probes it again: on the GPU its JSON would exist by then)
+    assert [p for _, p in probes if p == "pre_full_con01/"] == ["pre_full_con01/"]
+    assert all(i > runner[0] for i, p in probes if p == "pre_full_con01/") and probes[0][1] == "pre_ours_mi_cc_k10/"
+
+
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):
     path = tmp_path / "results.csv"
     rows = [{"name": "pre_ours_mi_cc", "kind": "pretrain", "init": "", "panel": "runs/pre_ours_mi_cc/panels/c.png"},

@@ -242,7 +242,8 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
   # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
   # phase also runs pretrain_bim's path_dependence.json on each of its finished pre-trainings that lacks one (in the
-  # background at the start of a later call; after the runners in a FIRST call, if a minute is left).
+  # background at the start of a later call and again after its runner, for those that ended in it; after the runners
+  # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
   [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
@@ -265,6 +266,7 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
     probe_paths  # if time is left
   else
     GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
+    wait; probe_paths  # the pre-trainings that ended during this call (the decdiag calls' [rep] and [ctl] missed it)
   fi
   NAME=$PHASE; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
