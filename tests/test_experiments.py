@@ -781,6 +781,29 @@ def test_smoke_report_writes_tables_and_pngs(smoke_work, tmp_path):
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_keeps_a_drawn_cluster_figure_when_the_pre_training_folders_are_gone(smoke_work, tmp_path):
+    # the committed reports' panels were drawn from pre-training folders that never reach the repository: a later run
+    # of the report must keep and link the PNG an earlier run drew, close the section with panels_note, and leave the
+    # section out where no figure exists
+    import shutil
+
+    work, _ = smoke_work
+    results = ex.collect(work)
+    out = tmp_path / "report"
+    assert out / "cluster_panels.png" in rr.write_report([results], out)
+    drawn = (out / "cluster_panels.png").read_bytes()
+    moved = tmp_path / "csv_only" / "results.csv"  # no runs/ beside it
+    moved.parent.mkdir()
+    shutil.copy(results, moved)
+    written = rr.write_report([moved], out, panels_note="Made by hand:\n\n![more](more.png)\n")
+    md = (out / "README.md").read_text()
+    assert out / "cluster_panels.png" not in written and (out / "cluster_panels.png").read_bytes() == drawn
+    section = md[md.index("## Cluster maps of the pre-training variants"):md.index("## Cluster quality")]
+    assert section.endswith("![cluster panels](cluster_panels.png)\n\nMade by hand:\n\n![more](more.png)\n\n")
+    rr.write_report([moved], tmp_path / "fresh", panels_note="Made by hand")
+    assert "Cluster maps" not in (tmp_path / "fresh" / "README.md").read_text()
+
+
 def test_method_names_with_spaces_survive_the_command_line(tmp_path):
     grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
                          methods="Contrast (Enc) + Ours (Dec),Baseline")
@@ -934,19 +957,21 @@ def test_group_tables_split_the_test_dice_by_patient_group_and_detail_one_group(
 
 def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(tmp_path):
     # docs/results/acdc_paper_length/README.md holds the headline numbers: it must stay what report.sh gives from the
-    # committed CSVs and note. Left out here: the test Dice by patient group (it needs the full ACDC set's datalist)
-    # and the cluster panels (drawn from pre-training folders that are not in the repository)
+    # committed CSVs and notes. Left out here: the test Dice by patient group (it needs the full ACDC set's datalist).
+    # The cluster panels are drawn from pre-training folders that are not in the repository: the committed PNG is kept
     import os
+    import shutil
     import subprocess
 
     folder = ROOT / "docs" / "results" / "acdc_paper_length"
+    shutil.copy(folder / "cluster_panels.png", tmp_path)
     subprocess.run(["bash", str(folder / "report.sh"), "none", str(tmp_path)], check=True, capture_output=True,
                    env={**os.environ, "PYTHON": sys.executable})
     committed = (folder / "README.md").read_text()
-    for heading in ("## Test Dice by patient group", "## Cluster maps of the pre-training variants"):
-        start = committed.index(heading)
-        committed = committed[:start] + committed[committed.index("\n## ", start) + 1:]
+    start = committed.index("## Test Dice by patient group")
+    committed = committed[:start] + committed[committed.index("\n## ", start) + 1:]
     assert (tmp_path / "README.md").read_text() == committed
+    assert "![cluster panels of the decdiag calls](cluster_panels_decdiag.png)" in committed  # report_panels_note.md
     assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
 
 
@@ -956,34 +981,33 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     ("promise12_fast", "| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | +0.2 (-2.7 to +2.8) | +10.9 |"),
 ])
 def test_the_committed_fast_reports_are_what_their_scripts_make_of_their_csvs(tmp_path, name, line):
-    # docs/results/*_fast/README.md must stay what report.sh gives from the committed CSVs and note; only the
-    # cluster panels, drawn from pre-training folders that are not in the repository, are left out here
+    # docs/results/*_fast/README.md must stay what report.sh gives from the committed CSVs and note (the cluster
+    # panels, drawn from pre-training folders that are not in the repository, kept from the committed PNG)
     import os
+    import shutil
     import subprocess
 
     folder = ROOT / "docs" / "results" / name
+    shutil.copy(folder / "cluster_panels.png", tmp_path)
     subprocess.run(["bash", str(folder / "report.sh"), str(tmp_path)], check=True, capture_output=True,
                    env={**os.environ, "PYTHON": sys.executable})
     committed = (folder / "README.md").read_text()
-    start = committed.index("## Cluster maps of the pre-training variants")
-    end = committed.find("\n## ", start)
-    committed = committed[:start] + (committed[end + 1:] if end >= 0 else "")
-    assert (tmp_path / "README.md").read_text().rstrip("\n") == committed.rstrip("\n")
+    assert (tmp_path / "README.md").read_text() == committed
     assert line in committed
 
 
 def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_path):
-    # docs/results/acdc_ablation/README.md must stay what report.sh gives from the committed CSVs and note; only the
-    # cluster panels, drawn from pre-training folders that are not in the repository, are left out here
+    # docs/results/acdc_ablation/README.md must stay what report.sh gives from the committed CSVs and note (the
+    # cluster panels, drawn from pre-training folders that are not in the repository, kept from the committed PNG)
     import os
+    import shutil
     import subprocess
 
     folder = ROOT / "docs" / "results" / "acdc_ablation"
+    shutil.copy(folder / "cluster_panels_ablations.png", tmp_path)
     subprocess.run(["bash", str(folder / "report.sh"), str(tmp_path)], check=True, capture_output=True,
                    env={**os.environ, "PYTHON": sys.executable})
     committed = (folder / "README.md").read_text()
-    start = committed.index("## Cluster maps of the ablations' pre-trainings")
-    committed = committed[:start] + committed[committed.index("## ", start + 3):]
     assert (tmp_path / "README.md").read_text() == committed
     assert "| LV, 1 scan, ours | 59.52 (9.52, n=3) |" in committed  # the alpha = 0 cell of calls R
 

@@ -999,7 +999,7 @@ class CLI:
 
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
                methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None,
-               groups: str | None = None, group_focus: str | None = None) -> None:
+               groups: str | None = None, group_focus: str | None = None, panels_note: str = "") -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
         paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
@@ -1007,7 +1007,8 @@ class CLI:
         the ``*_per_scan.csv`` files ``collect`` writes, for a table of the hardest test scans; ``pair_with``: the
         reference of a row in the run-for-run table, ``'{"Ours [pre10k]": "Baseline [long]"}'``; default Baseline;
         ``groups``: the data set's ``datalist.json``, for the test Dice by patient group, with ``group_focus`` a group
-        to detail run by run, e.g. NOR)."""
+        to detail run by run, e.g. NOR; ``panels_note``: markdown closing the cluster maps' section). Without the
+        pre-training folders a cluster panel PNG already in ``out_dir`` is kept and linked."""
         from results_report import write_report
 
         if relabel is not None and not isinstance(relabel, dict):
@@ -1021,7 +1022,7 @@ class CLI:
         for p in write_report(path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
                               paper_lr=None if paper_lr is None else float(paper_lr),
                               per_scan=path_list(per_scan) if per_scan else None, pair_with=pair_with,
-                              groups=groups, group_focus=group_focus):
+                              groups=groups, group_focus=group_focus, panels_note=panels_note):
             print(p)
 
 

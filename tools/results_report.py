@@ -847,7 +847,7 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
                  paper_lr: float | None = None, per_scan=None, pair_with=None, groups=None,
-                 group_focus: str | None = None) -> list[Path]:
+                 group_focus: str | None = None, panels_note: str = "") -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
@@ -855,7 +855,10 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans.
     ``pair_with``: ``{method: reference}`` for the run-for-run table (see :func:`paired_table`; default reference
     ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
-    patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`)."""
+    patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`).
+    The cluster panels are drawn from the pre-training folders (``runs/NAME`` beside a CSV); without them a panel
+    PNG already in ``out_dir`` (drawn by an earlier run of the report) is kept and linked. ``panels_note``: markdown
+    closing the section of the variants' cluster maps (e.g. figures made by hand from other pre-trainings)."""
     scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
     group_info = read_groups(groups) if groups else None
     if group_info and group_focus and group_focus not in set(group_info[0].values()):
@@ -937,16 +940,19 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
             written.append(png)
             md += [f"![ablations]({png.name})", ""]
     pretrains = [r for r in rows if r.get("kind") == "pretrain"]
-    panels = plot_cluster_panels(pretrains, out / "cluster_panels.png")
-    if panels:
-        written.append(panels)
-        md += ["## Cluster maps of the pre-training variants (as the paper's Figure 3)", "",
-               f"![cluster panels]({panels.name})", ""]
-    panels = plot_cluster_panels(pretrains, out / "cluster_panels_ablations.png", ablations=True)
-    if panels:
-        written.append(panels)
-        md += ["## Cluster maps of the ablations' pre-trainings (as the paper's Figure 3, one value per panel)", "",
-               f"![ablation cluster panels]({panels.name})", ""]
+    for ablations, name, heading, alt, extra in (
+            (False, "cluster_panels.png", "## Cluster maps of the pre-training variants (as the paper's Figure 3)",
+             "cluster panels", panels_note),
+            (True, "cluster_panels_ablations.png",
+             "## Cluster maps of the ablations' pre-trainings (as the paper's Figure 3, one value per panel)",
+             "ablation cluster panels", "")):
+        panels = plot_cluster_panels(pretrains, out / name, ablations=ablations)
+        if panels:
+            written.append(panels)
+        elif (out / name).is_file():  # the pre-training folders are not here: keep the figure an earlier run drew
+            panels = out / name
+        if panels:
+            md += [heading, "", f"![{alt}]({panels.name})", ""] + ([extra.strip("\n"), ""] if extra.strip() else [])
     md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"])
     readme = out / "README.md"
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")

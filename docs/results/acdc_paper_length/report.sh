@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates README.md and the PNGs of this folder (or of OUT) from the CSVs, the note in report_note.md and the
+# Regenerates README.md and the PNGs of this folder (or of OUT) from the CSVs, the notes in report_note.md and
+# report_panels_note.md (the cluster maps' section: figures made by hand from other pre-trainings) and the
 # datalist of the full ACDC set (for the test Dice by patient group; "none" leaves that section out):
 #   bash docs/results/acdc_paper_length/report.sh DST/datalist.json|none [OUT]
 set -euo pipefail
@@ -11,7 +12,7 @@ cd "$HERE"
 "${PYTHON:-python}" ../../../tools/experiments.py report \
   "[../acdc_fast/results_calls_J_long.csv, ../acdc_fast/results_calls_L_pre10k.csv, ../acdc_fast/results_call_M4_long.csv, ../acdc_fast/results_calls_N.csv, results_calls_P.csv, results_calls_Q.csv, results_calls_R.csv, results_calls_T.csv, results_calls_W.csv, results_calls_X.csv, results_calls_Y.csv, results_calls_rows.csv, results_calls_decdiag.csv]" \
   --per_scan "[results_calls_P_per_scan.csv, results_calls_Q_per_scan.csv, results_calls_R_per_scan.csv, results_calls_T_per_scan.csv, results_calls_W_per_scan.csv, results_calls_X_per_scan.csv, results_calls_Y_per_scan.csv, results_calls_rows_per_scan.csv, results_calls_decdiag_per_scan.csv]" \
-  --out_dir "$OUT" --title "ACDC at the paper's training lengths" --note "$(cat report_note.md)" \
+  --out_dir "$OUT" --title "ACDC at the paper's training lengths" --note "$(cat report_note.md)" --panels_note "$(cat report_panels_note.md)" \
   --methods '["Baseline", "IIC (Dec)", "Contrast (Enc)", "Ours (Dec) MI+CC", "Contrast (Enc) + Ours (Dec)", "Baseline [dicece]", "Baseline [long]", "Baseline [longnoflip]", "Contrast (Enc) + Ours (Dec) [pre10k]", "Ours (Dec) MI+CC [pre10k]", "Baseline [longaug]", "Contrast (Enc) + Ours (Dec) [pre10kaug]", "Contrast (Enc) + Ours (Dec) [onepre]", "Mean Teacher [gamma]", "Mean Teacher [unlab]", "Mean Teacher [nogamma]", "Mean Teacher [nogamma-labbn]", "Mean Teacher [nogamma-w0.5]", "MT + Ours [nogamma]", "Ours (Dec) MI+CC [rep]", "Ours (Dec) MI+CC [cc0]", "Ours (Dec) MI+CC [dl3]"]' \
   --relabel '{"Baseline [longaug]": "Baseline", "Mean Teacher [gamma]": "Mean Teacher", "Contrast (Enc) + Ours (Dec) [pre10kaug]": "Contrast (Enc) + Ours (Dec)"}' \
   --paper_lr 1e-4 \
