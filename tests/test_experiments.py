@@ -536,6 +536,41 @@ def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_bef
     assert "| Contrast (Enc) + Ours (Dec) (full) `pre_full` | 75.1 (70.1) / 80.2 | 0.186 |" in rr.cluster_quality_table([with_m2o])
 
 
+def test_spearman_ranks_with_ties_and_refuses_a_constant():
+    assert rr.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rr.spearman([1, 2, 3, 4], [9, 1, 0, -5]) == pytest.approx(-1.0)
+    assert rr.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)  # one swap: 1 - 6 * 2 / (4 * 15)
+    assert rr.spearman([1, 1, 2, 3], [5, 6, 7, 8]) == pytest.approx(0.9486833, abs=1e-6)  # tied first two: ranks 0.5, 0.5
+    rho = rr.spearman([1, 2, 3], [4, 4, 4])
+    assert rho != rho  # nan: a constant has no order
+
+
+def test_cluster_quality_table_sets_each_pre_training_beside_its_fine_tunes_and_correlates_them():
+    # four pre-trainings that train a cluster head, whose LV cluster order is their LV fine-tunes' order, and one
+    # (Contrast (Enc)) that does not: its untrained head's score is shown but kept out of the correlation
+    pre = [{"kind": "pretrain", "name": f"pre_{i}", "variant": "full", "cq_LV": cq, "cq_LV_per_scan": cq, "cq_nmi": 0.1}
+           for i, cq in enumerate((0.2, 0.4, 0.6, 0.7))]
+    pre.append({"kind": "pretrain", "name": "pre_enc", "variant": "contrast_enc", "cq_LV": 0.05, "cq_LV_per_scan": 0.05,
+                "cq_nmi": 0.01})
+    full = "Contrast (Enc) + Ours (Dec)"
+    tunes = [_row(full, "lv", 1, s, 1e-4, 0.5, 0.5 + 0.1 * i + 0.01 * s, init=f"pre_{i}") for i in range(4) for s in (0, 1)]
+    tunes += [_row(full, "lv", 2, 0, 1e-4, 0.5, 0.99, init="pre_0"),  # more scans than the fewest: not averaged
+              _row("Contrast (Enc)", "lv", 1, 0, 1e-4, 0.5, 0.95, init="pre_enc"),
+              _row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.3, init="random")]
+    md = rr.cluster_quality_table(pre, tunes)
+    assert md[4] == "| pre-training | LV | NMI | fine-tuned LV |"
+    assert "| Contrast (Enc) + Ours (Dec) (full) `pre_0` | 20.0 (20.0) | 0.100 | 50.5 (2) |" in md
+    assert "| Contrast (Enc) (contrast_enc) `pre_enc` | 5.0 (5.0) | 0.010 | 95.0 (1) |" in md
+    assert "1 labelled scan, this table's paper-protocol runs" in md[2]
+    assert md[-2].endswith("(left out: Contrast (Enc) (contrast_enc)): LV +1.00 (4 pre-trainings).")
+    # with Contrast (Enc) counted the order would break: the line must not include it
+    assert "(5 pre-trainings)" not in md[-2]
+    # fewer than 4 pre-trainings with both: no correlation line; no fine-tunes: the table as before
+    assert not any(line.startswith("Does a better") for line in rr.cluster_quality_table(pre[:3], tunes))
+    assert rr.cluster_quality_table(pre) == rr.cluster_quality_table(pre, [])
+    assert not any("fine-tuned" in line for line in rr.cluster_quality_table(pre))
+
+
 def test_lr_selection_keeps_the_best_validation_lr_and_the_paper_protocol_keeps_paper_lr():
     rows = [_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.40), _row("Baseline", "lv", 1, 0, 5e-4, 0.7, 0.60),
             _row("Baseline", "lv", 1, 1, 1e-4, 0.6, 0.50), _row("Baseline", "lv", 1, 1, 5e-4, 0.6, 0.90)]

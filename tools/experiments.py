@@ -798,6 +798,17 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     return path
 
 
+def trains_cluster_head(variant_configs) -> bool:
+    """Whether a pre-training of pretrain_bim's train.json with these variant config files (paths relative to the
+    repository, or variant names) trains its dense cluster head: some weight of L_MI, L_CC or IMSAT is not 0. Those
+    that do not (Contrast (Enc), Contrast (Dec)) leave the head at its initialisation: nothing to probe or score."""
+    weights = json.loads((ROOT / PRETRAIN_TRAIN).read_text())["loss_weights"]
+    for cfg in variant_configs:
+        path = cfg if str(cfg).endswith(".json") else _variant(cfg)
+        weights = {**weights, **json.loads((ROOT / path).read_text()).get("loss_weights", {})}
+    return any(weights.get(k) not in (0, 0.0) for k in ("mi", "cc", "imsat"))
+
+
 def probe_command(run_dir, dataset_dir: str | None = None) -> list[str] | None:
     """The command that runs pretrain_bim's ``path_dependence.json`` on the finished pre-training in ``run_dir`` with
     the arguments it was trained with (read from its ``run.json``, so that the network matches: widths, clusters,
@@ -819,10 +830,7 @@ def probe_command(run_dir, dataset_dir: str | None = None) -> list[str] | None:
     except ValueError:
         raise ExperimentError(f"{record}: its command has no --config_file or --output_dir: {rec['commands'][0]}") from None
     configs = ast.literal_eval(args[i]) if args[i].startswith("[") else [args[i]]
-    weights = json.loads((ROOT / PRETRAIN_TRAIN).read_text())["loss_weights"]
-    for cfg in configs[1:]:
-        weights = {**weights, **json.loads((ROOT / cfg).read_text()).get("loss_weights", {})}
-    if not any(weights.get(k) not in (0, 0.0) for k in ("mi", "cc", "imsat")):
+    if not trains_cluster_head(configs[1:]):
         return None
     args[0], args[i], args[j] = sys.executable, repr([*configs, PRETRAIN_PATHS]), str(run_dir)
     if dataset_dir is not None:

@@ -658,16 +658,51 @@ def _pretrain_label(r: dict, sep: str = "\n") -> str:
             + (f"{sep}{ABLATION_LABELS[abl[0]]}={abl[1]:g}" if abl else ""))
 
 
-def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
+def spearman(x, y) -> float:
+    """Spearman's rank correlation of two equally long sequences (ties get their mean rank); nan if either is
+    constant."""
+    import numpy as np
+
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = v.argsort(kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):  # ties: their mean rank
+            r[v == value] = r[v == value].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
     """Markdown lines: each pre-training (label and run name) with its ``cq_*`` columns (pretrain_bim's
     ``cluster_quality.json``), i.e. the best single cluster's Dice per structure over all validation scans pooled
-    (per scan in brackets) and NMI."""
+    (per scan in brackets) and NMI; with ``finetunes`` (segmentation runs, e.g. the paper protocol's), the mean test
+    Dice of the fine-tunes that start from each pre-training at the fewest labelled scans they used, and, where 4 or
+    more pre-trainings have both, Spearman's rank correlation of the two per structure: does a better cluster make
+    a better fine-tune?"""
     scored = [r for r in pretrain_rows if r.get("cq_nmi") not in (None, "")]
     if not scored:
         return []
     suffixes = ("_per_scan", "_many_to_one", "_precision", "_recall")
     names = sorted({k[3:] for r in scored for k in r if k.startswith("cq_") and k != "cq_nmi"
                     and not k.endswith(suffixes)})
+    by_init = defaultdict(list)
+    for f in finetunes:
+        if f.get("kind") == "finetune" and f.get("init") and not math.isnan(f["test_dice"]):
+            by_init[f["init"]].append(f)
+    started = [f for r in scored for f in by_init.get(r["name"], ())]
+    fewest = min((f["labelled_scans"] for f in started), default=None)
+    tuned_names = [n for n in names if any(f["task"] == n.lower() for f in started)]
+
+    def tuned(r, n):
+        runs = [100 * f["test_dice"] for f in by_init.get(r["name"], ())
+                if f["task"] == n.lower() and f["labelled_scans"] == fewest]
+        return (sum(runs) / len(runs), len(runs)) if runs else None
 
     def cell(r, n):
         pooled, per_scan, m2o = r.get(f"cq_{n}"), r.get(f"cq_{n}_per_scan"), r.get(f"cq_{n}_many_to_one")
@@ -689,14 +724,46 @@ def cluster_quality_table(pretrain_rows: list[dict]) -> list[str]:
           "union of a structure's clusters scored. NMI between clusters and labels."
           + (" `level 4` / `level 0` (pretrain_bim's `path_dependence.json`, where run): the % of pixels whose cluster "
              "changes when the bottleneck (the deep path) / the first skip connection reaches the decoder without its "
-             "spatial information; inside the labelled structures in brackets." if probed else ""), "",
-          "| pre-training | " + " | ".join(names) + " | NMI |" + "".join(f" level {k} |" for k in probed),
-          "|" + "---|" * (len(names) + 2 + len(probed))]
+             "spatial information; inside the labelled structures in brackets." if probed else "")
+          + (f" `fine-tuned`: the mean test Dice × 100 of the fine-tunes that start from the pre-training, "
+             f"{fewest} labelled scan{'s' if fewest != 1 else ''}, this table's paper-protocol runs (their number "
+             f"in brackets; each pre-training's fine-tunes ran its own row's settings, which differ between tagged "
+             f"rows)." if tuned_names else ""), "",
+          "| pre-training | " + " | ".join(names) + " | NMI |" + "".join(f" level {k} |" for k in probed)
+          + "".join(f" fine-tuned {n} |" for n in tuned_names),
+          "|" + "---|" * (len(names) + 2 + len(probed) + len(tuned_names))]
+
+    def fmt(t):
+        return "–" if t is None else f"{t[0]:.1f} ({t[1]})"
+
     for r in sorted_pretrains(scored):
         md.append(f"| {_pretrain_label(r, ' ')} `{r['name']}` | " + " | ".join(cell(r, n) for n in names)
                   + f" | {float(r['cq_nmi']):.3f} |"  # the run name tells apart two pre-trainings of one label
-                  + "".join(f" {probe(r, k)} |" for k in probed))
-    return md + [""]
+                  + "".join(f" {probe(r, k)} |" for k in probed)
+                  + "".join(f" {fmt(tuned(r, n))} |" for n in tuned_names))
+    md.append("")
+    from experiments import ExperimentError, trains_cluster_head
+
+    def head_trained(r):  # a variant this checkout does not know is counted
+        try:
+            return trains_cluster_head([r["variant"]]) if r.get("variant") else True
+        except ExperimentError:
+            return True
+
+    clustered = [r for r in scored if head_trained(r)]
+    rhos = []
+    for n in tuned_names:
+        pairs = [(float(r[f"cq_{n}"]), tuned(r, n)[0]) for r in clustered
+                 if r.get(f"cq_{n}") not in (None, "") and tuned(r, n) is not None]
+        if len(pairs) >= 4:
+            rhos.append(f"{n} {spearman(*zip(*pairs)):+.2f} ({len(pairs)} pre-trainings)")
+    if rhos:
+        left_out = sorted({_pretrain_label(r, " ") for r in scored if r not in clustered})
+        md += ["Does a better cluster make a better fine-tune? Spearman's rank correlation between the best single "
+               "cluster's Dice and the fine-tuned test Dice, over the pre-trainings that have both"
+               + (f" and train a cluster head (left out: {', '.join(left_out)})" if left_out else "")
+               + ": " + ", ".join(rhos) + ".", ""]
+    return md
 
 
 def _variant_label(variant: str, sep: str = "\n") -> str:
@@ -954,7 +1021,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
             panels = out / name
         if panels:
             md += [heading, "", f"![{alt}]({panels.name})", ""] + ([extra.strip("\n"), ""] if extra.strip() else [])
-    md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"])
+    md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"], candidates(rows, "paper", paper_lr))
     readme = out / "README.md"
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")
     with os.fdopen(fd, "w") as f:
