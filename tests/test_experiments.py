@@ -839,6 +839,23 @@ def test_report_keeps_a_drawn_cluster_figure_when_the_pre_training_folders_are_g
     assert "Cluster maps" not in (tmp_path / "fresh" / "README.md").read_text()
 
 
+def test_panels_cli_draws_one_leases_cluster_maps_or_says_why_not(smoke_work, tmp_path):
+    import shutil
+
+    work, _ = smoke_work
+    results = ex.collect(work)
+    ex.CLI().panels(str(results), str(tmp_path / "lease.png"))
+    assert (tmp_path / "lease.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    moved = tmp_path / "csv_only" / "results.csv"
+    moved.parent.mkdir()
+    shutil.copy(results, moved)
+    with pytest.raises(ex.ExperimentError, match=r"none of their 1 pre-trainings has a cluster panel to draw"):
+        ex.CLI().panels(f"[{moved}]", str(tmp_path / "none.png"))
+    with pytest.raises(ex.ExperimentError, match="ablations must be True or False, got 'false'"):
+        ex.CLI().panels(str(results), str(tmp_path / "x.png"), ablations="false")
+    assert not (tmp_path / "none.png").exists() and not (tmp_path / "x.png").exists()
+
+
 def test_method_names_with_spaces_survive_the_command_line(tmp_path):
     grid = ex.build_grid("acdc_fast", "/d", tmp_path, tasks="lv", counts=1, seeds=0, lrs=1e-4,
                          methods="Contrast (Enc) + Ours (Dec),Baseline")

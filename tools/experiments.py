@@ -1005,6 +1005,23 @@ class CLI:
         ``pre_ours_mi_cc`` to ``pre_ours_mi_cc_rows2`` before reporting it beside another lease's CSV."""
         print(f"{csv_path}: {old} -> {new}, {rename_pretraining(csv_path, old, new)} runs fine-tuned from it")
 
+    def panels(self, csv_paths, out_png: str, ablations: bool = False) -> None:
+        """Draw the cluster panels of the pre-trainings in results CSV(s) side by side, as the report does (the
+        paper's Figure 3; ``ablations``: the ablations' pre-trainings, a figure row per ablation) into ``out_png``:
+        for figures of pre-trainings that a report's own figure leaves out, e.g. one lease's. The panels are read
+        from ``runs/NAME/panels`` beside each CSV, as ``collect`` leaves them."""
+        from results_report import plot_cluster_panels, read_rows
+
+        if ablations not in (True, False):
+            raise ExperimentError(f"ablations must be True or False, got {ablations!r} (write --ablations True)")
+        paths = _path_list(csv_paths)
+        pretrains = [r for r in read_rows(paths) if r.get("kind") == "pretrain"]
+        png = plot_cluster_panels(pretrains, Path(out_png), ablations=ablations)
+        if png is None:
+            raise ExperimentError(f"{[str(p) for p in paths]}: none of their {len(pretrains)} pre-trainings has a "
+                                  f"cluster panel to draw (expected runs/NAME/panels/*.png beside the CSV)")
+        print(png)
+
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
                methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None,
                groups: str | None = None, group_focus: str | None = None, panels_note: str = "") -> None:
@@ -1023,15 +1040,18 @@ class CLI:
             raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
         if pair_with is not None and not isinstance(pair_with, dict):
             raise ExperimentError(f"pair_with must be a JSON object of labels, method -> reference; got {pair_with!r}")
-        def path_list(value):  # fire keeps "[a.csv, b.csv]" (names with dots) as one string
-            if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
-                value = [x.strip().strip("'\"") for x in value[1:-1].split(",") if x.strip()]
-            return [value] if isinstance(value, str) else list(value)
-        for p in write_report(path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
+        for p in write_report(_path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
                               paper_lr=None if paper_lr is None else float(paper_lr),
-                              per_scan=path_list(per_scan) if per_scan else None, pair_with=pair_with,
+                              per_scan=_path_list(per_scan) if per_scan else None, pair_with=pair_with,
                               groups=groups, group_focus=group_focus, panels_note=panels_note):
             print(p)
+
+
+def _path_list(value) -> list:
+    """A CLI list of paths: fire keeps "[a.csv, b.csv]" (names with dots) as one string."""
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        value = [x.strip().strip("'\"") for x in value[1:-1].split(",") if x.strip()]
+    return [value] if isinstance(value, str) else list(value)
 
 
 def main() -> None:
