@@ -1234,6 +1234,12 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
                                     f'exec {sys.executable} "$@"\n')
     (bin_dir / "python").chmod(0o755)
     (tmp_path / "out").mkdir()
+    # what the stood-in collect would have written: the pre-training's row, for the call's cluster-map figure
+    ex.write_csv([{"name": pre.name, "kind": "pretrain", "method": "", "task": "", "labelled_scans": "", "seed": "",
+                   "lr": "", "test_dice": "", "val_dice": "", "variant": "ours_mi_cc",
+                   "panel": "runs/pre_ours_mi_cc_cc0/panels/clusters_latest.png"}],
+                 ["name", "kind", "method", "task", "labelled_scans", "seed", "lr", "test_dice", "val_dice", "variant",
+                  "panel"], work / "n" / "decdiag" / "results.csv")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "N_TMP": str(work),
            "OUT": str(tmp_path / "out")}
     done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "300", "decdiag"], cwd=ROOT,
@@ -1243,6 +1249,7 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     assert set(probe["levels"]) == set("01234")
     with tarfile.open(tmp_path / "out" / "n_decdiag.tgz") as tar:
         assert "n/decdiag/runs/pre_ours_mi_cc_cc0/path_dependence_validation.json" in tar.getnames()
+    assert (tmp_path / "out" / "cluster_panels_decdiag.png").read_bytes()[:4] == b"\x89PNG"  # the lease's figure
 
 
 def test_collect_reads_the_path_probe_and_the_report_shows_it_beside_the_cluster_quality(tmp_path):

@@ -279,6 +279,9 @@ for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full pap
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
 done
+# the phase's pre-trainings' cluster maps side by side, as the report draws them (experiments.py panels)
+[ -n "${NAME:-}" ] && [ -f $W/$NAME/results.csv ] &&
+  python tools/experiments.py panels $W/$NAME/results.csv $OUT/cluster_panels_$NAME.png > /dev/null 2>&1
 for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the last logged iteration
   echo "$q"; cat $q/cluster_quality.json 2>/dev/null | head -c 600; echo
   grep -h "Epoch\[\|Iteration" $q/log.txt 2>/dev/null | tail -n 2
