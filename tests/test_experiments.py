@@ -1023,6 +1023,7 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     start = committed.index("## Test Dice by patient group")
     committed = committed[:start] + committed[committed.index("\n## ", start) + 1:]
     assert (tmp_path / "README.md").read_text() == committed
+    assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert "![cluster panels of the decdiag calls](cluster_panels_decdiag.png)" in committed  # report_panels_note.md
     assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
 
@@ -1045,6 +1046,7 @@ def test_the_committed_fast_reports_are_what_their_scripts_make_of_their_csvs(tm
                    env={**os.environ, "PYTHON": sys.executable})
     committed = (folder / "README.md").read_text()
     assert (tmp_path / "README.md").read_text() == committed
+    assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert line in committed
 
 
@@ -1061,6 +1063,7 @@ def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_
                    env={**os.environ, "PYTHON": sys.executable})
     committed = (folder / "README.md").read_text()
     assert (tmp_path / "README.md").read_text() == committed
+    assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert "| LV, 1 scan, ours | 59.52 (9.52, n=3) |" in committed  # the alpha = 0 cell of calls R
 
 
@@ -1184,6 +1187,30 @@ def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(t
     assert got[0]["panel"] == "runs/pre_ours_mi_cc_rows2/panels/c.png"
     with pytest.raises(ex.ExperimentError, match="no such results CSV"):
         ex.rename_pretraining(tmp_path / "none.csv", "a", "b")
+
+
+def test_ordering_against_another_report_counts_untagged_rows_in_its_order_and_cells_round_trip(tmp_path):
+    # a fast protocol is judged against the full protocol's own order: the other report's table_cells.json
+    methods = ["Baseline", "IIC (Dec)", "Contrast (Enc) + Ours (Dec)", "Baseline [long]"]
+    fast = {("Baseline", "lv", 1): (50.0, 1.0, 3), ("IIC (Dec)", "lv", 1): (60.0, 1.0, 3),
+            ("Contrast (Enc) + Ours (Dec)", "lv", 1): (70.0, 1.0, 3), ("Baseline [long]", "lv", 1): (99.0, 1.0, 3)}
+    full = {"paper": {("Baseline", "lv", 1): 55.0, ("IIC (Dec)", "lv", 1): 45.0, ("Contrast (Enc) + Ours (Dec)", "lv", 1): 80.0,
+                      ("Baseline [long]", "lv", 1): 1.0}}  # tagged: never compared, whatever it scores
+    path = tmp_path / "full" / "table_cells.json"
+    path.parent.mkdir()
+    path.write_text(rr.cells_json({"paper": {k: (v, 0.0, 3) for k, v in full["paper"].items()}}))
+    assert rr.read_cells_json(path) == full
+    lines = rr.ordering_lines(methods, [("lv", 1)], fast, full["paper"], "the full runs")
+    assert lines[0] == ("Ordering against the full runs: of the pairs of untagged rows measured in both, 2 of 3 are in "
+                        "the same order (per column below):")
+    assert "| LV 1 | 3 | 2 of 3 | Contrast (Enc) + Ours (Dec) > IIC (Dec) > Baseline | " \
+           "Contrast (Enc) + Ours (Dec) > Baseline > IIC (Dec) |" in lines
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"paper": [["Baseline", "lv"]]}')
+    with pytest.raises(rr.ReportError, match=r"bad.json: expected \{protocol: \[\[method, task, labelled scans, mean\]"):
+        rr.read_cells_json(bad)
+    with pytest.raises(rr.ReportError, match=r"none.json: no such file \(expected the table_cells.json a report writes"):
+        rr.read_cells_json(tmp_path / "none.json")
 
 
 def test_ordering_lines_count_the_pairs_of_paper_rows_in_the_papers_order():

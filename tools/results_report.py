@@ -437,30 +437,64 @@ def gap_table(methods, columns, cells) -> str:
     return "\n".join(lines)
 
 
-def ordering_lines(methods, columns, cells) -> list[str]:
+def ordering_lines(methods, columns, cells, reference=None, reference_name: str = "") -> list[str]:
     """Whether our ranking of the paper's rows follows the paper's, per column: of the pairs of rows that have a mean
     here and a number in the paper's Table 1 (untagged rows only: a tagged row ran other settings), how many are in
     the paper's order, and our order, best first. What the issue asks of a fast protocol ("preserve the paper's
-    ordering of methods") is then a count. Empty when no column has two such rows."""
+    ordering of methods") is then a count. With ``reference`` (``{(method, task, labelled scans): mean}`` of another
+    report, named ``reference_name``, e.g. our runs at the paper's lengths) the same count against that report's
+    order, over the untagged rows both have: does a fast protocol keep the order of the full one? Empty when no
+    column has two such rows."""
     names = dict(TASK_COLUMNS)
+
+    def other(m, t, n):
+        if reference is not None:
+            return reference.get((m, t, n)) if "[" not in m else None
+        return PAPER_TABLE1[m][t][n] if m in PAPER_TABLE1 and n in PAPER_TABLE1[m].get(t, {}) else None
+
     lines, agree_all, pairs_all = [], 0, 0
     for t, n in columns:
-        rows = [(m, cells[(m, t, n)][0], PAPER_TABLE1[m][t][n]) for m in methods
-                if m in PAPER_TABLE1 and (m, t, n) in cells and n in PAPER_TABLE1[m].get(t, {})]
+        rows = [(m, cells[(m, t, n)][0], other(m, t, n)) for m in methods
+                if (m, t, n) in cells and other(m, t, n) is not None]
         if len(rows) < 2:
             continue
         pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
         agree = sum((a[1] - b[1]) * (a[2] - b[2]) > 0 for a, b in pairs)
         agree_all, pairs_all = agree_all + agree, pairs_all + len(pairs)
         ours = " > ".join(m for m, _, _ in sorted(rows, key=lambda r: -r[1]))
-        paper = " > ".join(m for m, _, _ in sorted(rows, key=lambda r: -r[2]))
-        lines.append(f"| {names[t]} {n} | {len(rows)} | {agree} of {len(pairs)} | {ours} | {paper} |")
+        theirs = " > ".join(m for m, _, _ in sorted(rows, key=lambda r: -r[2]))
+        lines.append(f"| {names[t]} {n} | {len(rows)} | {agree} of {len(pairs)} | {ours} | {theirs} |")
     if not lines:
         return []
-    return [f"Ordering: of the pairs of the paper's rows measured here, {agree_all} of {pairs_all} are in the paper's "
-            "order (per column below; untagged rows with a paper number only):", "",
-            "| column | rows | pairs in the paper's order | our order, best first | the paper's order |",
+    if reference is None:
+        return [f"Ordering: of the pairs of the paper's rows measured here, {agree_all} of {pairs_all} are in the "
+                "paper's order (per column below; untagged rows with a paper number only):", "",
+                "| column | rows | pairs in the paper's order | our order, best first | the paper's order |",
+                "|---|---|---|---|---|", *lines, ""]
+    return [f"Ordering against {reference_name}: of the pairs of untagged rows measured in both, {agree_all} of "
+            f"{pairs_all} are in the same order (per column below):", "",
+            f"| column | rows | pairs in the same order | our order, best first | order in {reference_name} |",
             "|---|---|---|---|---|", *lines, ""]
+
+
+def cells_json(cells_by_protocol: dict) -> str:
+    """The report's table cells, ``{protocol: [[method, task, labelled scans, mean], ...]}``, as JSON: what another
+    report reads with ``order_against`` (see :func:`read_cells_json`)."""
+    return json.dumps({p: [[m, t, n, round(v[0], 4)] for (m, t, n), v in sorted(c.items(), key=lambda kv: str(kv[0]))]
+                       for p, c in cells_by_protocol.items()}, indent=0) + "\n"
+
+
+def read_cells_json(path) -> dict:
+    """``{protocol: {(method, task, labelled scans): mean}}`` from a report's ``table_cells.json``, with a clear
+    error for a missing or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"{path}: no such file (expected the table_cells.json a report writes beside its README.md)")
+    try:
+        data = json.loads(path.read_text())
+        return {p: {(m, t, int(n)): float(v) for m, t, n, v in rows} for p, rows in data.items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ReportError(f"{path}: expected {{protocol: [[method, task, labelled scans, mean], ...]}}: {e}") from None
 
 
 def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
@@ -915,7 +949,8 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
                  paper_lr: float | None = None, per_scan=None, pair_with=None, groups=None,
-                 group_focus: str | None = None, panels_note: str = "") -> list[Path]:
+                 group_focus: str | None = None, panels_note: str = "", order_against=None,
+                 order_against_name: str = "") -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
@@ -926,7 +961,12 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`).
     The cluster panels are drawn from the pre-training folders (``runs/NAME`` beside a CSV); without them a panel
     PNG already in ``out_dir`` (drawn by an earlier run of the report) is kept and linked. ``panels_note``: markdown
-    closing the section of the variants' cluster maps (e.g. figures made by hand from other pre-trainings)."""
+    closing the section of the variants' cluster maps (e.g. figures made by hand from other pre-trainings).
+    ``order_against``: another report's ``table_cells.json`` (every report writes its own), named
+    ``order_against_name``: each protocol's table then also counts the pairs of untagged rows in that report's order
+    (see :func:`ordering_lines`)."""
+    against = read_cells_json(order_against) if order_against else {}
+    against_name = order_against_name or f"`{Path(order_against).parent.name}`" if order_against else ""
     scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
     group_info = read_groups(groups) if groups else None
     if group_info and group_focus and group_focus not in set(group_info[0].values()):
@@ -961,6 +1001,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         md += [note, ""]
     md += tag_lines(seg) + (moved + [""] if moved else [])
     one_lr = "the preset's `paper_lr`" if paper_lr is None else f"{paper_lr:g} for every row, set for this report"
+    table_cells = {}
     for protocol, heading in (("paper", f"Paper protocol: one fine-tuning LR for every method ({one_lr})"),
                               ("tuned", "Each method at its fine-tuning LR chosen on the validation split")):
         chosen = select(seg, protocol, paper_lr)
@@ -969,6 +1010,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         methods, columns, cells = table(chosen)
         if not methods:
             continue
+        table_cells[protocol] = {k: v for k, v in cells.items() if k[0] in methods}
         lrs = sorted({r["lr"] for r in chosen if not r.get("ablation")})
         tried = _lrs_tried(seg)
         md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
@@ -976,6 +1018,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
                markdown_table(methods, columns, cells), "", *(one_lr_lines(seg) if protocol == "tuned" else []),
                "Our mean minus the paper's (Dice points):", "",
                gap_table(methods, columns, cells), "", *ordering_lines(methods, columns, cells),
+               *(ordering_lines(methods, columns, cells, against[protocol], against_name) if protocol in against else []),
                *paired_table(chosen, pair_with),
                *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else []),
                *chosen_weight_lines(chosen, candidates(seg, protocol, paper_lr))]
@@ -1022,10 +1065,11 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         if panels:
             md += [heading, "", f"![{alt}]({panels.name})", ""] + ([extra.strip("\n"), ""] if extra.strip() else [])
     md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"], candidates(rows, "paper", paper_lr))
-    readme = out / "README.md"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".README.", suffix=".md")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(md))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, readme)
-    return [readme, *written]
+    readme, cells_path = out / "README.md", out / "table_cells.json"
+    for path, text in ((cells_path, cells_json(table_cells)), (readme, "\n".join(md))):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.stem}.", suffix=path.suffix)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    return [readme, cells_path, *written]

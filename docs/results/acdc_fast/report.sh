@@ -2,7 +2,7 @@
 # Regenerates README.md and the PNGs of this folder (or of OUT) from the CSVs and the note in report_note.md:
 #   bash docs/results/acdc_fast/report.sh [OUT]
 # The cluster panels need the pre-training folders as runs/NAME beside the CSVs (not in the repository; without
-# them the section and cluster_panels.png are left out, and the committed ones stay as they were drawn).
+# them the cluster_panels.png already in OUT is kept and linked). It also writes table_cells.json (each table's means).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=$(realpath -m "${1:-$HERE}")
@@ -10,4 +10,5 @@ cd "$HERE"
 "${PYTHON:-python}" ../../../tools/experiments.py report \
   "[results_calls_A-D.csv, results_call_H_seed1.csv, results_call_G.csv, results_call_I_adam.csv, results_calls_J_long.csv, results_call_L_cq2k.csv, results_calls_L_pre10k.csv, results_call_M4_long.csv, results_call_M5_pre5k.csv, results_calls_N.csv]" \
   --out_dir "$OUT" --title "ACDC, fast protocol" --note "$(cat report_note.md)" \
+  --order_against ../acdc_paper_length/table_cells.json --order_against_name "our runs at the paper's lengths (../acdc_paper_length)" \
   --pair_with '{"Baseline [longaug]": "Baseline [long]", "Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [long]": "Baseline [long]", "Ours (Dec) MI+CC [long]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10kaug]": "Baseline [longaug]"}'

@@ -3,6 +3,7 @@
 # report_panels_note.md (the cluster maps' section: figures made by hand from other pre-trainings) and the
 # datalist of the full ACDC set (for the test Dice by patient group; "none" leaves that section out):
 #   bash docs/results/acdc_paper_length/report.sh DST/datalist.json|none [OUT]
+# Then run ../acdc_fast/report.sh: it counts its tables' order against this report's table_cells.json.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATALIST=${1:?usage: report.sh DST/datalist.json|none [OUT]}; OUT=$(realpath -m "${2:-$HERE}")
