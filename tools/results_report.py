@@ -7,7 +7,9 @@
 - under the LR-chosen protocol, the LR each seed's validation Dice chose and each LR's test Dice;
 - the ablations (alpha, lambda_CC, K) when the CSV holds them;
 - with ``per_scan`` (``collect``'s ``*_per_scan.csv``), the test scans where the methods fail;
-and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
+- how many pairs of rows are in the paper's order, and with ``order_against`` in another report's order;
+- the pre-trainings' cluster quality beside their fine-tunes, with the rank correlation of the two;
+``out_dir/table_cells.json`` (the tables' means, which another report's ``order_against`` reads), and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
 of the pre-training variants side by side, as the paper's Figure 3), ``ablations.png`` (ours against the paper's
 ablation tables, ``PAPER_ABLATIONS``) and ``cluster_panels_ablations.png`` (one panel per ablation value).
 
