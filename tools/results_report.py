@@ -9,7 +9,8 @@
 - with ``per_scan`` (``collect``'s ``*_per_scan.csv``), the test scans where the methods fail;
 - how many pairs of rows are in the paper's order, and with ``order_against`` in another report's order;
 - the pre-trainings' cluster quality beside their fine-tunes, with the rank correlation of the two;
-``out_dir/table_cells.json`` (the tables' means, which another report's ``order_against`` reads), and the PNGs ``dice_vs_scans.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
+``out_dir/table_cells.json`` (the tables' means, which another report's ``order_against`` reads), and the PNGs
+``dice_vs_scans_<protocol>.png`` (Dice vs labelled scans per method), ``cluster_panels.png`` (the cluster maps
 of the pre-training variants side by side, as the paper's Figure 3), ``ablations.png`` (ours against the paper's
 ablation tables, ``PAPER_ABLATIONS``) and ``cluster_panels_ablations.png`` (one panel per ablation value).
 
@@ -968,7 +969,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     ``order_against_name``: each protocol's table then also counts the pairs of untagged rows in that report's order
     (see :func:`ordering_lines`)."""
     against = read_cells_json(order_against) if order_against else {}
-    against_name = order_against_name or f"`{Path(order_against).parent.name}`" if order_against else ""
+    against_name = (order_against_name or f"`{Path(order_against).parent.name}`") if order_against else ""
     scan_dice = read_per_scan([per_scan] if isinstance(per_scan, (str, Path)) else per_scan) if per_scan else {}
     group_info = read_groups(groups) if groups else None
     if group_info and group_focus and group_focus not in set(group_info[0].values()):
