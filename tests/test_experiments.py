@@ -123,12 +123,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(labbn) == 4 and all(r.commands[0][r.commands[0].index("--unlabelled_bn_stats") + 1] == "False"
                                        for r in labbn)
     if plan.name == "p12.json":  # PROMISE12 at the paper's lengths: one pre-training, the paper's LR first
-        assert len(grid) == 55 and grid[0].name == "pre_full" and grid[0].commands[0].count("--iters_per_epoch")
+        assert len(grid) == 73 and grid[0].name == "pre_full" and grid[0].commands[0].count("--iters_per_epoch")
         args = dict(zip(grid[0].commands[0][4::2], grid[0].commands[0][5::2]))
         assert (args["--epochs"], args["--iters_per_epoch"]) == ("50", "400")  # 20,000 pre-training iterations
         assert {r.meta["lr"] for r in grid[1:19]} == {2e-4} and {r.meta["task"] for r in grid[1:]} == {"prostate"}
         ft = dict(zip(grid[1].commands[0][4::2], grid[1].commands[0][5::2]))  # the paper's PROMISE12 epoch, both stages
         assert (ft["--epochs"], ft["--iters_per_epoch"], ft["--warmup_epochs"]) == ("50", "400", "10")
+        # then Mean Teacher and MT + Ours seed 0 (the p12 calls ran the pre-training and all 27 baselines)
+        assert [r.name for r in grid[19:25]] == [f"mt_{i}_prostate_n{n}_s0_lr2e-4" for i in ("random", "pre_full")
+                                                 for n in (4, 6, 8)] and {r.expected_s for r in grid[19:25]} == {1500}
+        assert {r.meta["seed"] for r in grid[61:]} == {1, 2} and {r.kind for r in grid[61:]} == {"meanteacher"}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
@@ -1162,6 +1166,71 @@ def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
     # k10 (the stand-in writes no JSON, so the second pass probes it again: on the GPU its JSON would exist by then)
     assert [p for _, p in probes if p == "pre_full_con01/"] == ["pre_full_con01/"]
     assert all(i > runner[0] for i, p in probes if p == "pre_full_con01/") and probes[0][1] == "pre_ours_mi_cc_k10/"
+
+
+def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
+    # the p12 calls brought back their results tar and pre_full's weights in float16; the next lease's first call
+    # must unpack both (model.pt back in float32) before the runner starts, so that it skips the 28 finished runs
+    # and fine-tunes from that pre-training; a later call of the same lease must not restore over the work dir
+    import os
+    import subprocess
+    import tarfile
+
+    bin_dir, calls, carry = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "carry"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "w" / "promise12").mkdir(parents=True)
+    (tmp_path / "w" / "promise12" / "datalist.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    src = tmp_path / "src" / "n" / "p12" / "runs"
+    for name in ("pre_full", "ft_random_prostate_n4_s0_lr2e-4"):
+        (src / name).mkdir(parents=True)
+        (src / name / "result.json").write_text("{}")
+    carry.mkdir()
+    with tarfile.open(carry / "n_p12.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "n", arcname="n")
+    (carry / "pre_full_fp16.pt").write_bytes(b"")
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "CARRY": str(carry),
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    for call in (1, 2):
+        done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "p12"], cwd=ROOT,
+                              env=run_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "phase p12 ended" in done.stdout
+        restored = f"restored {tmp_path / 'w' / 'n' / 'p12'} from {carry}: 2 finished runs"
+        assert (restored in done.stdout) if call == 1 else ("restored" not in done.stdout)
+    lines = calls.read_text().splitlines()
+    work = tmp_path / "w" / "n" / "p12"
+    assert (work / "runs" / "ft_random_prostate_n4_s0_lr2e-4" / "result.json").is_file()
+    restore = [i for i, x in enumerate(lines) if " weights " in f" {x} "]
+    runners = [i for i, x in enumerate(lines) if " run_plan " in f" {x} "]
+    assert len(restore) == 1 and len(runners) == 2 and restore[0] < runners[0]
+    assert lines[restore[0]].endswith(f"weights {carry}/pre_full_fp16.pt {work}/runs/pre_full/model.pt --dtype float32")
+
+
+def test_cast_weights_round_trips_a_checkpoint_through_float16(tmp_path):
+    # a pre-training's model.pt goes back to the next lease in float16: a plain state dict, floats cast, integer
+    # counters kept, each weight within 2^-11 of its value, written atomically; bad input names what was expected
+    import torch
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
+    net[1].running_var.fill_(3.7)
+    ckpt = tmp_path / "checkpoint_final.pt"
+    torch.save({"network": net.state_dict(), "optimizer": {"lr": 1.0}}, ckpt)
+    half = ex.cast_weights(ckpt, tmp_path / "carry" / "pre_fp16.pt", "float16")
+    back = ex.cast_weights(half, tmp_path / "model.pt", "float32")
+    h, b = (torch.load(p, weights_only=True) for p in (half, back))
+    assert set(h) == set(b) == set(net.state_dict())
+    assert h["0.weight"].dtype == torch.float16 and b["0.weight"].dtype == torch.float32
+    assert b["1.num_batches_tracked"].dtype == torch.int64
+    for k, v in net.state_dict().items():
+        assert torch.allclose(b[k].float(), v.float(), rtol=2 ** -11, atol=0), k
+    assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == ["pre_fp16.pt"]
+    with pytest.raises(ex.ExperimentError, match=r"dtype must be one of \['float16', 'float32'\], got 'bf16'"):
+        ex.cast_weights(ckpt, tmp_path / "x.pt", "bf16")
+    with pytest.raises(ex.ExperimentError, match="pretrained checkpoint .*missing.pt does not exist"):
+        ex.cast_weights(tmp_path / "missing.pt", tmp_path / "x.pt", "float32")
+    assert not (tmp_path / "x.pt").exists()
 
 
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):

@@ -926,6 +926,29 @@ def rename_pretraining(csv_path, old: str, new: str) -> int:
     return len(moved)
 
 
+WEIGHT_DTYPES = ("float16", "float32")
+
+
+def cast_weights(src, dst, dtype: str) -> Path:
+    """Write the weights of checkpoint ``src`` to ``dst`` as a plain state dict whose floating tensors are ``dtype``
+    (``"float16"`` or ``"float32"``), atomically. A pre-training's ``model.pt`` (31 MB in float32 for the paper's
+    U-Net) comes back from a GPU call in float16 (16 MB, under the device's 16 MiB a file) and is carried to the next
+    lease, where float32 makes it the ``model.pt`` its fine-tunes read again; the round trip changes each weight by
+    at most 2^-11 of its value. ``src``: a plain state dict or a bundle checkpoint with a ``"network"`` entry."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ExperimentError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
+    import torch
+    from bim_common.engine import atomic_save
+    from bim_common.segmentation import read_state_dict
+
+    try:
+        tensors = read_state_dict(src)
+    except (FileNotFoundError, ValueError) as e:
+        raise ExperimentError(str(e)) from None
+    to = getattr(torch, dtype)
+    return atomic_save({k: v.to(to) if v.is_floating_point() else v for k, v in tensors.items()}, dst)
+
+
 # ------------------------------------------------------------------------------------------------------- CLI
 
 
@@ -1004,6 +1027,11 @@ class CLI:
         """Rename pre-training ``old`` to ``new`` in ``csv_path`` (its row and its fine-tunes' ``init``), e.g.
         ``pre_ours_mi_cc`` to ``pre_ours_mi_cc_rows2`` before reporting it beside another lease's CSV."""
         print(f"{csv_path}: {old} -> {new}, {rename_pretraining(csv_path, old, new)} runs fine-tuned from it")
+
+    def weights(self, src: str, dst: str, dtype: str = "float16") -> None:
+        """Copy a checkpoint's weights to ``dst`` with floating tensors in ``dtype`` (float16 to carry a
+        pre-training's ``model.pt`` between GPU leases, float32 to restore it; see :func:`cast_weights`)."""
+        print(cast_weights(src, dst, dtype))
 
     def panels(self, csv_paths, out_png: str, ablations: bool = False) -> None:
         """Draw the cluster panels of the pre-trainings in results CSV(s) side by side, as the report does (the

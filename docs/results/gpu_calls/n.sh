@@ -55,6 +55,19 @@ D=$TW/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
 [ $PHASE = p12 ] && { D=$TW/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
 [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+# a plan phase's work dir carried from an earlier lease (CARRY, default .carry/PHASE, an ignored folder the run call
+# carries): n_PHASE.tgz, the results tar of that lease's last call, and pre_*_fp16.pt, its pre-trainings' model.pt in
+# float16 (experiments.py weights); restored once, before anything runs, so that the runner skips every finished run
+# and fine-tunes from those pre-trainings (the p12 calls of the seventeenth session brought back pre_full)
+CARRY=${CARRY:-.carry/$PHASE}
+if [ -f $CARRY/n_$PHASE.tgz ] && [ ! -d $W/$PHASE ]; then
+  tar xzf $CARRY/n_$PHASE.tgz -C $TW || exit 1
+  for f in $CARRY/pre_*_fp16.pt; do
+    [ -f $f ] || continue; q=$(basename $f _fp16.pt)
+    python tools/experiments.py weights $f $W/$PHASE/runs/$q/model.pt --dtype float32 || exit 1
+  done
+  echo "restored $W/$PHASE from $CARRY: $(ls $W/$PHASE/runs/*/result.json | wc -l) finished runs"
+fi
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
 LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JSON and log to $OUT
