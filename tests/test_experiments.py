@@ -129,10 +129,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["lr"] for r in grid[1:19]} == {2e-4} and {r.meta["task"] for r in grid[1:]} == {"prostate"}
         ft = dict(zip(grid[1].commands[0][4::2], grid[1].commands[0][5::2]))  # the paper's PROMISE12 epoch, both stages
         assert (ft["--epochs"], ft["--iters_per_epoch"], ft["--warmup_epochs"]) == ("50", "400", "10")
-        # then Mean Teacher and MT + Ours seed 0 (the p12 calls ran the pre-training and all 27 baselines)
-        assert [r.name for r in grid[19:25]] == [f"mt_{i}_prostate_n{n}_s0_lr2e-4" for i in ("random", "pre_full")
-                                                 for n in (4, 6, 8)] and {r.expected_s for r in grid[19:25]} == {1500}
-        assert {r.meta["seed"] for r in grid[61:]} == {1, 2} and {r.kind for r in grid[61:]} == {"meanteacher"}
+        # the rows the p12 calls left (they ran the pre-training and all 27 baselines): the full method's other LRs,
+        # then Mean Teacher and MT + Ours, seed 0 first
+        assert {r.meta["lr"] for r in grid[37:55]} == {2e-5, 5e-4} and {r.expected_s for r in grid[37:55]} == {600}
+        assert [r.name for r in grid[55:61]] == [f"mt_{i}_prostate_n{n}_s0_lr2e-4" for i in ("random", "pre_full")
+                                                 for n in (4, 6, 8)] and {r.expected_s for r in grid[55:]} == {1500}
+        assert {r.meta["seed"] for r in grid[61:]} == {1, 2} and {r.kind for r in grid[55:]} == {"meanteacher"}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
@@ -1173,7 +1175,8 @@ def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
 def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
     # the p12 calls brought back their results tar and pre_full's weights in float16; the next lease's first call
     # must unpack both (model.pt back in float32) before the runner starts, so that it skips the 28 finished runs
-    # and fine-tunes from that pre-training; a later call of the same lease must not restore over the work dir
+    # and fine-tunes from that pre-training; a later call of the same lease must not restore over the work dir, and
+    # WEIGHTS_OUT sends the weights of the pre-trainings that have them back in float16
     import os
     import subprocess
     import tarfile
@@ -1196,6 +1199,9 @@ def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
     run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "CARRY": str(carry),
                "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
     for call in (1, 2):
+        if call == 2:  # the lease's last call sends the pre-training's weights back for the lease after
+            run_env["WEIGHTS_OUT"] = "pre_full pre_missing"
+            (tmp_path / "w" / "n" / "p12" / "runs" / "pre_full" / "model.pt").write_bytes(b"")
         done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "p12"], cwd=ROOT,
                               env=run_env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "phase p12 ended" in done.stdout
@@ -1204,10 +1210,12 @@ def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
     lines = calls.read_text().splitlines()
     work = tmp_path / "w" / "n" / "p12"
     assert (work / "runs" / "ft_random_prostate_n4_s0_lr2e-4" / "result.json").is_file()
-    restore = [i for i, x in enumerate(lines) if " weights " in f" {x} "]
+    weights = [i for i, x in enumerate(lines) if " weights " in f" {x} "]
     runners = [i for i, x in enumerate(lines) if " run_plan " in f" {x} "]
-    assert len(restore) == 1 and len(runners) == 2 and restore[0] < runners[0]
-    assert lines[restore[0]].endswith(f"weights {carry}/pre_full_fp16.pt {work}/runs/pre_full/model.pt --dtype float32")
+    assert len(weights) == 2 and len(runners) == 2 and weights[0] < runners[0] < runners[1] < weights[1]
+    assert lines[weights[0]].endswith(f"weights {carry}/pre_full_fp16.pt {work}/runs/pre_full/model.pt --dtype float32")
+    assert lines[weights[1]].endswith(f"weights {work}/runs/pre_full/model.pt {tmp_path / 'out'}/pre_full_fp16.pt "
+                                      "--dtype float16")
 
 
 def test_cast_weights_round_trips_a_checkpoint_through_float16(tmp_path):

@@ -219,6 +219,10 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
   # twice: the pre-training alone on GPU 0 (it resumes in the second call and should end there: ~950 s alone), the
   # baselines on GPUs 1-3; then n.sh 588 p12 for the full method's fine-tunes (expect its 2e-5 / 5e-4 runs not to finish).
+  # The p12 calls (seventeenth session) ran the pre-training and the 27 baselines (see As run below); the plan then
+  # put the full method's 2e-5 / 5e-4 before Mean Teacher and MT + Ours (seed 0 first, then 1-2: 45 runs left). The
+  # next lease carries .carry/p12 (the results tar and pre_full's weights in float16, restored above) with .device:
+  # JOBS=16 n.sh 588 p12 twice, then LAST=1 JOBS=16 WEIGHTS_OUT=pre_full n.sh 578 p12, no FIRST (the pre-training has run).
   # rows (prepared in the fourteenth session, not run): the other Table 1 rows at the paper's lengths, IIC (Dec),
   # Contrast (Enc) and Ours (Dec) MI+CC, 1 scan, then 2, then 4 (seeds 0-2, LR 1e-4; 3 pre-trainings, 81 fine-tunes),
   # with Baseline [dicece] on RV after the 1-scan cells. FIRST=1 JOBS=3 n.sh 588 rows: the three pre-trainings on
@@ -299,6 +303,12 @@ for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the l
   echo "$q"; cat $q/cluster_quality.json 2>/dev/null | head -c 600; echo
   grep -h "Epoch\[\|Iteration" $q/log.txt 2>/dev/null | tail -n 2
 done
+# WEIGHTS_OUT="pre_full ..." (a plan phase's last call): those pre-trainings' model.pt in float16 to $OUT, to be carried
+# to the next lease in .carry/PHASE with the results tar (15.6 MB each: one fits beside the PROMISE12 pack, none
+# beside the ACDC pack)
+for q in ${WEIGHTS_OUT:-}; do
+  [ -f $W/${NAME:-}/runs/$q/model.pt ] && python tools/experiments.py weights $W/$NAME/runs/$q/model.pt $OUT/${q}_fp16.pt --dtype float16
+done
 # results only: no checkpoints, no TensorBoard, no PNGs, and nothing over 300 kB (call P2's tar went over 16 MiB,
 # most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB)
 (cd $TW && find n -size +300k) > $TW/big.txt
@@ -341,3 +351,10 @@ exit 0
 #   seed 2 at 1e-4 were held back by LAST), then, by hand, python tools/experiments.py probe on [rep] and [ctl] (44 s,
 #   one a GPU; the call's probes start before the runner, so they missed the two that ended in it). 36 of 40 runs.
 #   Device time 1,694 of 1,800 s.
+# As run (commit 8477523, one nvidia-h100-x4 lease, 4 x H100; the p12 calls, seventeenth session, the PROMISE12 pack):
+#   FIRST=1 n.sh 588 p12 (564 s: the pre-training alone on GPU 0 at 21-22 s an epoch of 400 iterations, 20 of 50
+#   epochs; 12 baselines on GPUs 1-3, four a GPU, cut some 50 s short), FIRST=1 n.sh 588 p12 (565 s: the 12 ended
+#   in 48-53 s, 12 more cut; the pre-training at epoch 42), ONLY='["pre_full", "ft_random_*"]' n.sh 545 p12 (385 s:
+#   the pre-training ended in 224 s and was probed, the last 15 baselines ended), then in the same call a Python line
+#   that saved pre_full's checkpoint network in float16 to $OUT (experiments.py weights does it since, from model.pt),
+#   and experiments.py probe (24 s, a no-op). 28 of then 55 runs. Device time 1,622 of 1,800 s.
