@@ -5,6 +5,7 @@
     python tools/experiments.py run_plan plan.json --dataset_dir data/acdc --work_dir runs/mixed --gpus 4 --jobs 16
     python tools/experiments.py collect runs/acdc_fast                           # -> runs/acdc_fast/results.csv
     python tools/experiments.py report runs/acdc_fast/results.csv --out_dir docs/results
+    python tools/experiments.py weights W/runs/pre_full/model.pt pre_full_fp16.pt  # carry it to the next GPU lease
 
 A *run* is one bundle job: a ``pretrain_bim`` variant, a ``finetune_seg`` fine-tune (train + evaluate on the test
 scans) or a ``meanteacher_seg`` run (train + evaluate). Each run has its own folder ``work_dir/runs/<name>/``
