@@ -1234,12 +1234,17 @@ def test_cast_weights_round_trips_a_checkpoint_through_float16(tmp_path):
     assert h["0.weight"].dtype == torch.float16 and b["0.weight"].dtype == torch.float32
     assert b["1.num_batches_tracked"].dtype == torch.int64
     for k, v in net.state_dict().items():
-        assert torch.allclose(b[k].float(), v.float(), rtol=2 ** -11, atol=0), k
+        assert torch.allclose(b[k].float(), v.float(), rtol=2 ** -11, atol=2 ** -25), k
     assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == ["pre_fp16.pt"]
     with pytest.raises(ex.ExperimentError, match=r"dtype must be one of \['float16', 'float32'\], got 'bf16'"):
         ex.cast_weights(ckpt, tmp_path / "x.pt", "bf16")
     with pytest.raises(ex.ExperimentError, match="pretrained checkpoint .*missing.pt does not exist"):
         ex.cast_weights(tmp_path / "missing.pt", tmp_path / "x.pt", "float32")
+    net[1].running_var[0] = 1e6  # beyond float16's 65504: refused, not written as inf
+    torch.save(net.state_dict(), tmp_path / "big.pt")
+    with pytest.raises(ex.ExperimentError, match=r"big.pt: tensor '1.running_var' has values that float16 cannot hold "
+                                                 r"\(largest magnitude 1e\+06\); keep it in float32"):
+        ex.cast_weights(tmp_path / "big.pt", tmp_path / "x.pt", "float16")
     assert not (tmp_path / "x.pt").exists()
 
 

@@ -935,7 +935,9 @@ def cast_weights(src, dst, dtype: str) -> Path:
     (``"float16"`` or ``"float32"``), atomically. A pre-training's ``model.pt`` (31 MB in float32 for the paper's
     U-Net) comes back from a GPU call in float16 (16 MB, under the device's 16 MiB a file) and is carried to the next
     lease, where float32 makes it the ``model.pt`` its fine-tunes read again; the round trip changes each weight by
-    at most 2^-11 of its value. ``src``: a plain state dict or a bundle checkpoint with a ``"network"`` entry."""
+    at most 2^-11 of its value (2^-25 under float16's normal range, 6e-5). ``src``: a plain state dict or a bundle
+    checkpoint with a ``"network"`` entry. A finite value that ``dtype`` cannot hold (over 65504 in float16) is an
+    error naming the tensor, not an inf in the copy."""
     if dtype not in WEIGHT_DTYPES:
         raise ExperimentError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     import torch
@@ -947,7 +949,12 @@ def cast_weights(src, dst, dtype: str) -> Path:
     except (FileNotFoundError, ValueError) as e:
         raise ExperimentError(str(e)) from None
     to = getattr(torch, dtype)
-    return atomic_save({k: v.to(to) if v.is_floating_point() else v for k, v in tensors.items()}, dst)
+    cast = {k: v.to(to) if v.is_floating_point() else v for k, v in tensors.items()}
+    for k, v in cast.items():
+        if v.is_floating_point() and not torch.equal(torch.isfinite(v), torch.isfinite(tensors[k])):
+            raise ExperimentError(f"{src}: tensor {k!r} has values that {dtype} cannot hold (largest magnitude "
+                                  f"{tensors[k].abs().max().item():.4g}); keep it in float32")
+    return atomic_save(cast, dst)
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
