@@ -1291,10 +1291,54 @@ def test_ordering_against_another_report_counts_untagged_rows_in_its_order_and_c
            "Contrast (Enc) + Ours (Dec) > Baseline > IIC (Dec) |" in lines
     bad = tmp_path / "bad.json"
     bad.write_text('{"paper": [["Baseline", "lv"]]}')
-    with pytest.raises(rr.ReportError, match=r"bad.json: expected \{protocol: \[\[method, task, labelled scans, mean\]"):
+    with pytest.raises(rr.ReportError, match=r"bad.json: expected \{protocol: \[\[method, task, labelled scans, mean, seeds\]"):
         rr.read_cells_json(bad)
     with pytest.raises(rr.ReportError, match=r"none.json: no such file \(expected the table_cells.json a report writes"):
         rr.read_cells_json(tmp_path / "none.json")
+
+
+def test_table1_status_merges_reports_marks_seeds_and_refuses_a_cell_in_two_reports(tmp_path):
+    # Table 1 as far as it is measured: the rows only (no tagged row), our mean beside the paper's, fewer
+    # than 3 seeds marked, the ordering counted over the rows with a paper number (not Contrast (Enc))
+    acdc, p12 = tmp_path / "acdc" / "table_cells.json", tmp_path / "p12" / "table_cells.json"
+    for path, cells in ((acdc, {("Baseline", "lv", 1): (50.0, 1.0, 3), ("Contrast (Enc)", "lv", 1): (90.0, 1.0, 3),
+                                ("Contrast (Enc) + Ours (Dec)", "lv", 1): (80.0, 1.0, 3),
+                                ("Mean Teacher", "rv", 1): (30.0, 0.0, 1), ("Baseline [long]", "lv", 1): (99.0, 1.0, 3)}),
+                        (p12, {("Baseline", "prostate", 4): (76.93, 2.7, 3)})):
+        path.parent.mkdir()
+        path.write_text(rr.cells_json({"paper": cells, "tuned": {}}))
+    text = rr.table1_status([acdc, p12])
+    first_table = text.split("\n\n")[0].splitlines()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in first_table if line.startswith("| ")}
+    assert list(rows)[1:] == list(rr.TABLE1_ROWS) and "Baseline [long]" not in text
+    assert rows["Baseline"][0] == "50.00 (67.13)" and rows["Baseline"][9] == "76.93 (49.91)"
+    assert rows["Contrast (Enc)"][0] == "90.00 (77.98)" and rows["Mean Teacher"][3] == "30.00<sup>1</sup> (61.61)"
+    assert rows["MT + Ours"][0] == "– (90.25)"
+    assert "5 of 84 cells measured, 4 of them with 3 seeds." in text
+    assert "| LV 1 | 2 | 1 of 1 | Contrast (Enc) + Ours (Dec) > Baseline | Contrast (Enc) + Ours (Dec) > Baseline |" in text
+    again = tmp_path / "again" / "table_cells.json"
+    again.parent.mkdir()
+    again.write_text(rr.cells_json({"paper": {("Baseline", "lv", 1): (51.0, 1.0, 3)}}))
+    with pytest.raises(rr.ReportError, match=r"\('Baseline', 'lv', 1\) is in both .*acdc/table_cells.json and .*again/"):
+        rr.table1_status([acdc, again])
+    out = rr.write_table1_status([acdc, p12], tmp_path / "docs" / "table1.md", "CMD")
+    assert "[`acdc/`](../acdc/README.md)" in out.read_text() and "Made by `CMD`." in out.read_text()
+
+
+def test_the_committed_table1_is_what_its_command_makes_of_the_reports(tmp_path):
+    # docs/results/table1.md must stay what the command it names writes from the committed table_cells.json files
+    import shlex
+    import subprocess
+
+    committed = (ROOT / "docs" / "results" / "table1.md").read_text()
+    command = committed.split("Made by `", 1)[1].split("`", 1)[0]
+    args = shlex.split(command)
+    assert args[:3] == ["python", "tools/experiments.py", "table1"]
+    subprocess.run([sys.executable, *args[1:], "--out", str(tmp_path / "table1.md")], cwd=ROOT, check=True,
+                   capture_output=True)
+    made = (tmp_path / "table1.md").read_text()
+    assert made.splitlines()[4:] == committed.splitlines()[4:]  # the table and the ordering (the links differ)
+    assert "| Contrast (Enc) + Ours (Dec) | 78.75 (84.48) |" in committed
 
 
 def test_ordering_lines_count_the_pairs_of_paper_rows_in_the_papers_order():

@@ -1036,6 +1036,14 @@ class CLI:
         ``pre_ours_mi_cc`` to ``pre_ours_mi_cc_rows2`` before reporting it beside another lease's CSV."""
         print(f"{csv_path}: {old} -> {new}, {rename_pretraining(csv_path, old, new)} runs fine-tuned from it")
 
+    def table1(self, cells_paths, out: str = "docs/results/table1.md") -> None:
+        """Merge reports' ``table_cells.json`` (their paper-protocol tables) into Table 1 as far as it has been
+        measured, our means beside the paper's, with how many pairs of rows are in the paper's order, into ``out``."""
+        from results_report import write_table1_status
+
+        paths = [str(p) for p in _path_list(cells_paths)]
+        print(write_table1_status(paths, out, "python tools/experiments.py table1 \"[" + ", ".join(paths) + "]\""))
+
     def weights(self, src: str, dst: str, dtype: str = "float16") -> None:
         """Copy a checkpoint's weights to ``dst`` with floating tensors in ``dtype`` (float16 to carry a
         pre-training's ``model.pt`` between GPU leases, float32 to restore it; see :func:`cast_weights`)."""
@@ -1073,7 +1081,8 @@ class CLI:
         ``order_against``: another report's ``table_cells.json``, named ``order_against_name``, whose order of the
         untagged rows each table is also counted against, e.g. a fast protocol's against the full one's). Without
         the pre-training folders a cluster panel PNG already in ``out_dir`` is kept and linked. Besides README.md
-        and the PNGs, it writes ``table_cells.json`` (each table's means, for another report's ``order_against``)."""
+        and the PNGs, it writes ``table_cells.json`` (each table's means and seed counts, for another report's
+        ``order_against`` and for ``table1``)."""
         from results_report import write_report
 
         if relabel is not None and not isinstance(relabel, dict):
