@@ -1322,7 +1322,12 @@ def test_table1_status_merges_reports_marks_seeds_and_refuses_a_cell_in_two_repo
     with pytest.raises(rr.ReportError, match=r"\('Baseline', 'lv', 1\) is in both .*acdc/table_cells.json and .*again/"):
         rr.table1_status([acdc, again])
     out = rr.write_table1_status([acdc, p12], tmp_path / "docs" / "table1.md", "CMD")
-    assert "[`acdc/`](../acdc/README.md)" in out.read_text() and "Made by `CMD`." in out.read_text()
+    text = out.read_text()
+    assert "[`acdc/`](../acdc/README.md)" in text and "Made by `CMD`." in text
+    assert text.index("## The paper's protocol") < text.index("5 of 84") < text.index("## Each row at its") < \
+        text.index("0 of 84 cells measured")  # the fixture's reports have no LR-chosen cells
+    with pytest.raises(rr.ReportError, match="protocol must be 'paper' or 'tuned', got 'best'"):
+        rr.table1_status([acdc], "best")
 
 
 def test_the_committed_table1_is_what_its_command_makes_of_the_reports(tmp_path):

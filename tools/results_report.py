@@ -506,14 +506,17 @@ def read_cells_json(path, seeds: bool = False) -> dict:
                           f"{e}") from None
 
 
-def table1_status(cells_paths) -> str:
+def table1_status(cells_paths, protocol: str = "paper") -> str:
     """Table 1 as far as the reports at ``cells_paths`` (their ``table_cells.json``) have measured it, in markdown:
-    each of the issue's rows by each of the paper's columns, our mean at the paper's protocol (one fine-tuning LR for
-    every row) beside the paper's, marked where fewer than 3 seeds ran, then the count of cells with 3 seeds and how
-    many pairs of rows are in the paper's order. A cell found in two reports is an error naming both."""
+    each of the issue's rows by each of the paper's columns, our mean under ``protocol`` (``"paper"``: one
+    fine-tuning LR for every row; ``"tuned"``: each seed's LR chosen on validation) beside the paper's, marked where
+    fewer than 3 seeds ran, then the count of cells with 3 seeds and how many pairs of rows are in the paper's
+    order. A cell found in two reports is an error naming both."""
+    if protocol not in ("paper", "tuned"):
+        raise ReportError(f"protocol must be 'paper' or 'tuned', got {protocol!r}")
     cells, source = {}, {}
     for path in cells_paths:
-        for key, value in read_cells_json(path, seeds=True).get("paper", {}).items():
+        for key, value in read_cells_json(path, seeds=True).get(protocol, {}).items():
             if "[" in key[0] or key[0] not in TABLE1_ROWS:
                 continue  # tagged rows ran other settings; only the issue's rows
             if key in cells:
@@ -539,15 +542,20 @@ def table1_status(cells_paths) -> str:
 
 
 def write_table1_status(cells_paths, out_path, command: str) -> Path:
-    """Write :func:`table1_status` of ``cells_paths`` to ``out_path`` (atomically) under a title and the ``command``
-    that makes it, so that the file says how to regenerate it."""
+    """Write :func:`table1_status` of ``cells_paths`` under both protocols to ``out_path`` (atomically), under a
+    title and the ``command`` that makes it, so that the file says how to regenerate it."""
     out = Path(out_path)
-    text = "\n".join(["# Table 1 so far: our runs at the paper's lengths beside the paper's numbers", "",
+    links = ", ".join(f"[`{Path(p).parent.name}/`]({os.path.relpath(Path(p).parent, out.parent)}/README.md)"
+                      for p in cells_paths)
+    text = "\n".join(["# Table 1 so far: our runs beside the paper's numbers", "",
                       "3D Dice x 100 on the test scans, mean over the seeds run (3 unless a superscript gives fewer), "
-                      "the paper's number in brackets; the paper's protocol, one fine-tuning LR for every row (ACDC "
-                      "1e-4, PROMISE12 2e-4). Each cell's report (std, LR chosen on validation, run-for-run pairs) is in "
-                      + ", ".join(f"[`{Path(p).parent.name}/`]({os.path.relpath(Path(p).parent, out.parent)}/README.md)"
-                                  for p in cells_paths) + f". Made by `{command}`.", "", table1_status(cells_paths)])
+                      f"the paper's number in brackets. Each cell's report (its LRs, std, run-for-run pairs) is in {links}. "
+                      f"Made by `{command}`.", "",
+                      "## The paper's protocol: one fine-tuning LR for every row (each report names its LR)", "",
+                      table1_status(cells_paths, "paper"),
+                      "## Each row at its fine-tuning LR chosen on the validation split", "",
+                      "Per seed, among the LRs run for that cell (a cell run at one LR keeps it; the reports list the "
+                      "LRs tried per cell).", "", table1_status(cells_paths, "tuned")])
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=out.suffix)
     with os.fdopen(fd, "w") as f:
