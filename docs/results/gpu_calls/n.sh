@@ -222,7 +222,7 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # The p12 calls (seventeenth session) ran the pre-training and the 27 baselines (see As run below); the plan then
   # put the full method's 2e-5 / 5e-4 before Mean Teacher and MT + Ours (seed 0 first, then 1-2: 45 runs left). The
   # next lease carries .carry/p12 (the results tar and pre_full's weights in float16, restored above) with .device:
-  # ONLY='["ft_*"]' JOBS=16 n.sh 588 p12 twice, then LAST=1 ONLY='["ft_*"]' JOBS=16 WEIGHTS_OUT=pre_full n.sh 578 p12,
+  # ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 twice, then LAST=1 ONLY='["ft_*"]' JOBS=12 WEIGHTS_OUT=pre_full n.sh 578 p12,
   # no FIRST (the pre-training has run); Mean Teacher later, in a lease of its own (ONLY='["mt_*_s0_*"]' JOBS=6).
   # rows (prepared in the fourteenth session, not run): the other Table 1 rows at the paper's lengths, IIC (Dec),
   # Contrast (Enc) and Ours (Dec) MI+CC, 1 scan, then 2, then 4 (seeds 0-2, LR 1e-4; 3 pre-trainings, 81 fine-tunes),
