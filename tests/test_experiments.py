@@ -96,8 +96,9 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
 
 def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
     # a GPU call carries the working tree (tracked files) with .device (the ACDC pack: 64,106,853 bytes after
-    # prepare.sh acdc) under the device's 64 MiB (67,108,864 bytes): 3.0 MB for the tracked files. Keep 0.2 MB of it
-    # spare (the pack's size is the workplace's); results commit CSVs and small PNGs, never data or weights
+    # prepare.sh acdc) under the device's 64 MiB (67,108,864 bytes): 3.0 MB for the tracked files, of which the
+    # workplace allows 2.5 MB (its check before a stop warns above that). Results commit CSVs and small PNGs, never
+    # data or weights
     import subprocess
 
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
@@ -105,7 +106,7 @@ def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
         pytest.skip("not a git checkout")
     files = [ROOT / f for f in listed.stdout.decode().split("\0") if f]
     sizes = sorted(((f.stat().st_size, f.relative_to(ROOT).as_posix()) for f in files if f.is_file()), reverse=True)
-    assert sum(s for s, _ in sizes) < 2_800_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
+    assert sum(s for s, _ in sizes) < 2_500_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
 
 @pytest.mark.parametrize("plan", sorted((ROOT / "docs" / "results" / "gpu_calls" / "plans").glob("*.json")), ids=lambda p: p.name)
 def test_the_committed_gpu_plans_build(plan, tmp_path):
@@ -791,7 +792,9 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
                        for k in ("", "_per_scan", "_many_to_one", "_precision", "_recall"))
     for r in seg:
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
-        assert "monai.bundle run" in r["command"] and r["commit"] and r["preset"] == "smoke"
+        assert r["command"].startswith("python -m monai.bundle run") and r["commit"] and r["preset"] == "smoke"
+        recorded = json.loads((work / "runs" / r["name"] / "run.json").read_text())["commands"][0]
+        assert r["command"] == ex.portable_command(recorded) and "--output_dir RUN" in r["command"]
     # beside it, the Dice of every test scan of every segmentation run, whose mean is the run's test Dice
     # (one row per run, a column per scan; the rest of a run is its row of the results CSV)
     with open(path.with_name("results_per_scan.csv"), newline="") as f:
@@ -1216,6 +1219,25 @@ def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
     assert lines[weights[0]].endswith(f"weights {carry}/pre_full_fp16.pt {work}/runs/pre_full/model.pt --dtype float32")
     assert lines[weights[1]].endswith(f"weights {work}/runs/pre_full/model.pt {tmp_path / 'out'}/pre_full_fp16.pt "
                                       "--dtype float16")
+
+
+def test_portable_command_keeps_the_settings_and_drops_the_paths():
+    import shlex
+
+    # the results CSV records what a run did, not where: interpreter and PATH_ARGS become stand-ins, nothing else moves
+    cmd = ("/opt/torch/.venv/bin/python -m monai.bundle run --config_file \"['a.json', 'b.json']\" --dataset_dir /tmp/w/acdc "
+           "--output_dir /tmp/w/n/t/runs/ft_pre_full_lv_n1_s0_lr1e-4 --pretrained /tmp/w/n/t/runs/pre_full/model.pt "
+           "--overrides '{\"x\": 1}' --seed 0")
+    got = ex.portable_command(cmd)
+    assert shlex.split(got) == ["python", "-m", "monai.bundle", "run", "--config_file", "['a.json', 'b.json']",
+                                "--dataset_dir", "DATASET", "--output_dir", "RUN", "--pretrained", "INIT",
+                                "--overrides", '{"x": 1}', "--seed", "0"]
+    assert ex.settings_of(got) == ex.settings_of(cmd) and ex.portable_command(got) == got
+    assert "--pretrained None" in ex.portable_command("py -m x --pretrained None --seed 1")
+    for csv_path in sorted((ROOT / "docs" / "results").rglob("*.csv")):  # the committed CSVs were converted in place
+        with open(csv_path, newline="") as f:
+            commands = [r["command"] for r in csv.DictReader(f) if r.get("command")]
+        assert all(c == ex.portable_command(c) for c in commands), csv_path
 
 
 def test_cast_weights_round_trips_a_checkpoint_through_float16(tmp_path):

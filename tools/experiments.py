@@ -489,7 +489,9 @@ def run_dir(work_dir, run: Run) -> Path:
     return Path(work_dir).resolve() / "runs" / run.name
 
 
-PATH_ARGS = ("--dataset_dir", "--output_dir", "--pretrained")  # where a run reads and writes, not what it does
+# where a run reads and writes, not what it does, and the stand-in of each in the results CSV (portable_command)
+PATH_PLACEHOLDERS = {"--dataset_dir": "DATASET", "--output_dir": "RUN", "--pretrained": "INIT"}
+PATH_ARGS = tuple(PATH_PLACEHOLDERS)
 
 
 def settings_of(command) -> list[str]:
@@ -503,6 +505,21 @@ def settings_of(command) -> list[str]:
         else:
             kept.append(a)
     return kept
+
+
+def portable_command(command: str) -> str:
+    """A bundle command as the results CSV records it: the interpreter as ``python`` and the value of each of
+    ``PATH_ARGS`` as a placeholder, ``DATASET`` (the prepared data set), ``RUN`` (the run's folder, ``runs/<name>`` in
+    the work dir) and ``INIT`` (the ``model.pt`` of the run in the ``init`` column; ``None`` stays), so that the CSV
+    holds what a run did, not where it ran (the run's ``run.json`` keeps the exact command). Its
+    :func:`settings_of` are the command's."""
+    args = shlex.split(command)
+    if args:
+        args[0] = "python"
+    for i, a in enumerate(args[:-1]):
+        if a in PATH_PLACEHOLDERS and not (a == "--pretrained" and args[i + 1] == "None"):
+            args[i + 1] = PATH_PLACEHOLDERS[a]
+    return shlex.join(args)
 
 
 def _flag_values(commands: list[list[str]]) -> dict[str, str]:
@@ -875,8 +892,9 @@ def per_scan_table(runs: dict[str, list[tuple[str, object]]]) -> tuple[list[str]
 
 
 def collect(work_dir, csv_path: str | None = None) -> Path:
-    """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``), and the
-    test Dice of every scan into ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table)."""
+    """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``; each run's
+    training command as :func:`portable_command` writes it), and the test Dice of every scan into
+    ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table)."""
     work = Path(work_dir)
     rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not rows:
@@ -887,6 +905,8 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
     for row in rows:
         if row.get("kind") == "pretrain":
             row.update(path_dependence_columns(work / "runs" / row["name"]))
+        if row.get("command"):
+            row["command"] = portable_command(row["command"])
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
     scans = per_scan_dice(work, rows)
