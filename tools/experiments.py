@@ -1057,8 +1057,9 @@ class CLI:
         print(f"{csv_path}: {old} -> {new}, {rename_pretraining(csv_path, old, new)} runs fine-tuned from it")
 
     def table1(self, cells_paths, out: str = "docs/results/table1.md") -> None:
-        """Merge reports' ``table_cells.json`` (their paper-protocol tables) into Table 1 as far as it has been
-        measured, our means beside the paper's, with how many pairs of rows are in the paper's order, into ``out``."""
+        """Merge reports' ``table_cells.json`` into Table 1 as far as it has been measured, our means beside the
+        paper's at the paper's single LR and at each row's LR chosen on validation, with how many pairs of rows are
+        in the paper's order, into ``out``."""
         from results_report import write_table1_status
 
         paths = [str(p) for p in _path_list(cells_paths)]

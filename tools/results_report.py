@@ -522,7 +522,7 @@ def table1_status(cells_paths, protocol: str = "paper") -> str:
             if key in cells:
                 raise ReportError(f"{key} is in both {source[key]} and {path}: give each cell one report")
             cells[key], source[key] = value, path
-    columns = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
+    columns = [(t, n) for t, _ in TASK_COLUMNS for n in PAPER_TABLE1["Baseline"][t]]
     lines = ["| method | " + " | ".join(f"{TASK_NAMES[t]} {n}" for t, n in columns) + " |",
              "|" + "---|" * (len(columns) + 1)]
     for m in TABLE1_ROWS:
@@ -557,12 +557,17 @@ def write_table1_status(cells_paths, out_path, command: str) -> Path:
                       "Per seed, among the LRs run for that cell (a cell run at one LR keeps it; the reports list the "
                       "LRs tried per cell).", "", table1_status(cells_paths, "tuned")])
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=out.suffix)
+    return _write_text(out, text)
+
+
+def _write_text(path: Path, text: str) -> Path:
+    """``text`` to ``path`` through a temporary file in its folder and a rename: never a half-written file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
-    return out
+    os.replace(tmp, path)
+    return path
 
 
 def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
@@ -1135,9 +1140,5 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     md += cluster_quality_table([r for r in rows if r.get("kind") == "pretrain"], candidates(rows, "paper", paper_lr))
     readme, cells_path = out / "README.md", out / "table_cells.json"
     for path, text in ((cells_path, cells_json(table_cells)), (readme, "\n".join(md))):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.stem}.", suffix=path.suffix)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        _write_text(path, text)
     return [readme, cells_path, *written]
