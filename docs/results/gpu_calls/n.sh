@@ -224,6 +224,8 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # next lease carries .carry/p12 (the results tar and pre_full's weights in float16, restored above) with .device:
   # ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 twice, then LAST=1 ONLY='["ft_*"]' JOBS=12 WEIGHTS_OUT=pre_full n.sh 578 p12,
   # no FIRST (the pre-training has run); Mean Teacher later, in a lease of its own (ONLY='["mt_*_s0_*"]' JOBS=6).
+  # The p12b calls (eighteenth session) did so (see As run below): the full method's 27 fine-tunes; 18 Mean Teacher
+  # runs left, from .carry/p12 as those calls' last results tar left it.
   # rows (prepared in the fourteenth session, not run): the other Table 1 rows at the paper's lengths, IIC (Dec),
   # Contrast (Enc) and Ours (Dec) MI+CC, 1 scan, then 2, then 4 (seeds 0-2, LR 1e-4; 3 pre-trainings, 81 fine-tunes),
   # with Baseline [dicece] on RV after the 1-scan cells. FIRST=1 JOBS=3 n.sh 588 rows: the three pre-trainings on
@@ -359,3 +361,7 @@ exit 0
 #   the pre-training ended in 224 s and was probed, the last 15 baselines ended), then in the same call a Python line
 #   that saved pre_full's checkpoint network in float16 to $OUT (experiments.py weights does it since, from model.pt),
 #   and experiments.py probe (24 s, a no-op). 28 of then 55 runs. Device time 1,622 of 1,800 s.
+# As run (commit ec2478a, one nvidia-h100-x4 lease, 4 x H100; the p12b calls, eighteenth session, the PROMISE12 pack and
+#   .carry/p12, restored in 28 s with the data): ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 (567 s: 12 fine-tunes in 465-478 s,
+#   12 more cut), the same again (566 s: those 12 in 461-479 s, 3 cut), LAST=1 ONLY='["ft_*"]' JOBS=12 n.sh 570 p12
+#   (264 s: the last 3, one a GPU, 253-261 s). The full method's 27 fine-tunes. Device time 1,457 of 1,800 s.
