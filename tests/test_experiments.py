@@ -1093,6 +1093,20 @@ def test_the_benchmarks_refuse_a_lowercase_boolean_before_they_start(tool, call)
         call(importlib.import_module(tool))
 
 
+def test_the_mean_teacher_benchmark_sets_cudnn_as_the_bundles_do(tmp_path):
+    # before --cudnn_deterministic it always autotuned, unlike the bundles; now it follows the flag (default: the
+    # bundles' true) and says which it measured
+    import subprocess
+
+    tiny = ["--batch_size", "2", "--unlabelled_batch_size", "2", "--size", "32", "--iterations", "1", "--warmup", "1",
+            "--features", "4,4,8,8,16,4"]
+    for flag, expected in (([], True), (["--cudnn_deterministic", "False"], False)):
+        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *tiny, *flag],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["cudnn_deterministic"] is expected
+
+
 def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(ex, "run_grid", lambda *a, **k: ran.append(1))
@@ -1140,6 +1154,32 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     # then the path probe (experiments.py probe) of each finished pre-training that lacks one
     probes = sorted(line.split("|")[1] for line in calls.read_text().splitlines() if " probe " in f" {line} ")
     assert [p.split("/runs/")[1] for p in probes] == ["pre_contrast_enc/", "pre_full_ctl/", "pre_ours_mi_cc_cc0/"]
+
+
+def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(tmp_path):
+    # bench3 fills a lease's spare minutes on any pack: it must not prepare data (there may be none), and must time
+    # finetune_seg's step and the Mean Teacher step, each setting twice, on GPU 0 alone
+    import os
+    import subprocess
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\necho "{{}}"\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "out").mkdir()
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "300", "bench3"], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("|") for line in calls.read_text().splitlines()]
+    assert not any("data_prep" in args for _, args in lines)
+    runs = [args for gpus, args in lines if "benchmark_meanteacher.py" in args and gpus == "0"]
+    assert len(runs) == len(lines) == 8
+    for det in ("True", "False"):
+        for step in ("--method supervised", "--unlabelled_batch_size 5"):
+            assert sum(step in a and a.endswith(f"--cudnn_deterministic {det}") for a in runs) == 2, (step, det)
+    assert (tmp_path / "out" / "bench3.jsonl").read_text().count("{}") == 8
 
 
 def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):

@@ -4,6 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--joint_student_batch False]
+                                          [--cudnn_deterministic True]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -14,7 +15,10 @@ an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512)
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
 batch of the paper (finetune_seg's step has the same work). ``--compile True --compile_mode reduce-overhead``
-tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``.
+tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True`` (the
+default, as ``finetune_seg`` and ``meanteacher_seg`` run) pins cuDNN to deterministic algorithms; ``False`` lets it
+autotune (``pretrain_bim``'s default since 0.2.6). Before this option the benchmark always autotuned, so its earlier
+numbers are those of autotuned cuDNN.
 """
 
 from __future__ import annotations
@@ -38,19 +42,21 @@ def _sync(device: torch.device) -> None:
 def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
-         compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False) -> None:
+         compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
+         cudnn_deterministic: bool = True) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.flags import require_flags
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
 
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
-                   "joint_student_batch": joint_student_batch})  # fire gives --compile false as the string 'false'
+                   "joint_student_batch": joint_student_batch,
+                   "cudnn_deterministic": cudnn_deterministic})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+    # as the bundles' initialize does with their cudnn_deterministic key
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, not cudnn_deterministic
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
@@ -95,7 +101,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
         "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode, "joint_student_batch": bool(joint_student_batch),
-        "torch": torch.__version__,
+        "cudnn_deterministic": bool(cudnn_deterministic), "torch": torch.__version__,
     }
     print(json.dumps(result))
 

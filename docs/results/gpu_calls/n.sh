@@ -54,7 +54,7 @@ TW=${N_TMP:-/tmp/w}  # the work root (a test points it elsewhere)
 D=$TW/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
 [ $PHASE = p12 ] && { D=$TW/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
-[ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+[ $PHASE = bench3 ] || [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 # a plan phase's work dir carried from an earlier lease (CARRY, default .carry/PHASE, an ignored folder the run call
 # carries): n_PHASE.tgz, the results tar of that lease's last call, and pre_*_fp16.pt, its pre-trainings' model.pt in
 # float16 (experiments.py weights); restored once, before anything runs, so that the runner skips every finished run
@@ -167,6 +167,17 @@ abl)  # prepared in the ninth session; its alpha grid ran in phase r (2 GPUs, ab
   PRESET=acdc_ablation_fast; PNG_RUNS=abl
   runner abl 0,1 --gpus 2 --jobs ${JOBS:-10} --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --tag pre5k \
     --pretrain_overrides '{"epochs": 25, "warmup_epochs": 5}' --only "${ONLY:-[\"*alpha*\"]}" ;;
+bench3)  # prepared in the eighteenth session, not run; GPU 0 alone, about 4 minutes, no data (any pack, even prepare.sh none):
+  # cuDNN deterministic (the fine-tuning and Mean Teacher bundles' default) against autotuned (pretrain_bim's since
+  # 0.2.6: 1.13-1.21x) for finetune_seg's step (batch 5, CUDA graphs, its default) and the Mean Teacher step (5 + 5,
+  # its default compile mode); each setting twice, in either order. One JSON line a run in $OUT/bench3.jsonl.
+  for det in True False False True; do
+    for args in "--method supervised --unlabelled_batch_size 0 --compile_mode reduce-overhead" "--unlabelled_batch_size 5"; do
+      CUDA_VISIBLE_DEVICES=0 timeout 120 python tools/benchmark_meanteacher.py --batch_size 5 $args --iterations 200 \
+        --warmup 20 --compile True --cudnn_deterministic $det 2>> $OUT/bench3.log | tail -n 1 >> $OUT/bench3.jsonl
+    done
+  done
+  cat $OUT/bench3.jsonl; exit 0 ;;
 bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
   # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
   # validation) in the default compile mode, then under CUDA graphs: does it run, and how long is an epoch?
