@@ -1093,18 +1093,20 @@ def test_the_benchmarks_refuse_a_lowercase_boolean_before_they_start(tool, call)
         call(importlib.import_module(tool))
 
 
-def test_the_mean_teacher_benchmark_sets_cudnn_as_the_bundles_do(tmp_path):
+def test_the_mean_teacher_benchmark_sets_cudnn_and_the_teacher_forward_as_the_bundles_do(tmp_path):
     # before --cudnn_deterministic it always autotuned, unlike the bundles; now it follows the flag (default: the
-    # bundles' true) and says which it measured
+    # bundles' true) and says which it measured; likewise the teacher's forwards (default: meanteacher_seg's separate)
     import subprocess
 
     tiny = ["--batch_size", "2", "--unlabelled_batch_size", "2", "--size", "32", "--iterations", "1", "--warmup", "1",
             "--features", "4,4,8,8,16,4"]
-    for flag, expected in (([], True), (["--cudnn_deterministic", "False"], False)):
+    for flag, det, joint in (([], True, False), (["--cudnn_deterministic", "False", "--joint_teacher_batch", "True"],
+                                                 False, True)):
         proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *tiny, *flag],
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert json.loads(proc.stdout.strip().splitlines()[-1])["cudnn_deterministic"] is expected
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert (result["cudnn_deterministic"], result["joint_teacher_batch"]) == (det, joint)
 
 
 def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):

@@ -445,9 +445,10 @@ def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_f
 @pytest.mark.parametrize("joint", [True, False])
 def test_the_teachers_unlabelled_targets_depend_on_the_labelled_images_only_with_a_joint_teacher_forward(
         method, joint, monkeypatch):
-    """``joint_teacher_batch`` true (default): the teacher's train-mode forward of the labelled and unlabelled views
-    together normalises the unlabelled views with statistics the labelled scan shares, unlike the student's separate
-    forwards; false: one forward each, so its targets for the unlabelled images do not depend on the labelled ones."""
+    """``joint_teacher_batch`` true: the teacher's train-mode forward of the labelled and unlabelled views together
+    normalises the unlabelled views with statistics the labelled scan shares, unlike the student's separate forwards;
+    false (the default since meanteacher_seg 0.7.0): one forward each, so its targets for the unlabelled images do not
+    depend on the labelled ones."""
     targets, certain = [], []
     real_mse = ss.softmax_mse
     monkeypatch.setattr(ss, "softmax_mse", lambda logits, prob, mask=None: targets.append(prob) or real_mse(logits, prob, mask))
@@ -464,6 +465,19 @@ def test_the_teachers_unlabelled_targets_depend_on_the_labelled_images_only_with
     assert not torch.allclose(targets[0][:b_l], targets[1][:b_l], atol=1e-6)  # the labelled targets do change
     with pytest.raises(ValueError, match="joint_teacher_batch"):
         _step(method, build_unet(out_channels=2, features=TINY), joint_teacher_batch="sometimes")
+
+
+def test_the_bundle_and_the_step_default_to_separate_teacher_forwards():
+    """meanteacher_seg 0.7.0: ``joint_teacher_batch`` false in train.json, and the step's own default agrees (the
+    benchmark and the tests build the step without the bundle)."""
+    import inspect
+
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(ROOT / "bundles" / "meanteacher_seg" / "configs" / "train.json"))
+    default = inspect.signature(ss.SemiSupervisedStep).parameters["joint_teacher_batch"].default
+    assert parser["joint_teacher_batch"] is False and default is False
 
 
 @pytest.mark.parametrize("bn_stats", [True, False])

@@ -4,7 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--joint_student_batch False]
-                                          [--cudnn_deterministic True]
+                                          [--cudnn_deterministic True] [--joint_teacher_batch False]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -18,7 +18,9 @@ batch of the paper (finetune_seg's step has the same work). ``--compile True --c
 tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True`` (the
 default, as ``finetune_seg`` and ``meanteacher_seg`` run) pins cuDNN to deterministic algorithms; ``False`` lets it
 autotune (``pretrain_bim``'s default since 0.2.6). Before this option the benchmark always autotuned, so its earlier
-numbers are those of autotuned cuDNN.
+numbers are those of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
+0.7.0) gives the teacher one forward for the labelled and one for the unlabelled views; ``True``, one forward of both,
+as the bundle did up to 0.6.0.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
-         cudnn_deterministic: bool = True) -> None:
+         cudnn_deterministic: bool = True, joint_teacher_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.flags import require_flags
     from bim_common.network import build_unet
@@ -51,7 +53,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
 
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "joint_student_batch": joint_student_batch,
-                   "cudnn_deterministic": cudnn_deterministic})  # fire gives --compile false as the string 'false'
+                   "cudnn_deterministic": cudnn_deterministic, "joint_teacher_batch": joint_teacher_batch})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -67,7 +69,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         method, SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes, teacher=teacher,
         weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
         discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
-        joint_student_batch=joint_student_batch,
+        joint_student_batch=joint_student_batch, joint_teacher_batch=joint_teacher_batch,
     )
     student = torch.compile(net, mode=compile_mode) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -101,7 +103,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
         "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode, "joint_student_batch": bool(joint_student_batch),
-        "cudnn_deterministic": bool(cudnn_deterministic), "torch": torch.__version__,
+        "cudnn_deterministic": bool(cudnn_deterministic), "joint_teacher_batch": bool(joint_teacher_batch),
+        "torch": torch.__version__,
     }
     print(json.dumps(result))
 

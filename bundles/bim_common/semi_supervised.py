@@ -249,8 +249,9 @@ class SemiSupervisedStep:
     random similarity A (rotation, zoom, flips). ``consistency_on_labelled`` adds the labelled images to the
     Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher); false takes it on the unlabelled
     images only (the paper's L_MT sums over D_u), and the labelled images then get the supervised method's view,
-    so that at weight 0 the labelled term trains as the baseline's does. ``joint_teacher_batch`` (true) gives the
-    teacher the labelled and unlabelled views of the consistency in one forward; false, one forward each, so that with
+    so that at weight 0 the labelled term trains as the baseline's does. ``joint_teacher_batch`` true gives the
+    teacher the labelled and unlabelled views of the consistency in one forward; false (the default since
+    meanteacher_seg 0.7.0), one forward each, so that with
     ``teacher_batch_stats`` each part is BatchNorm'd with its own batch statistics, as the student's separate
     forwards are (see :meth:`teacher_of`). Call it with ``student``, the
     batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
@@ -284,7 +285,7 @@ class SemiSupervisedStep:
         joint_student_batch: bool = False,
         unlabelled_bn_stats: bool = True,
         supervised_loss_function=None,
-        joint_teacher_batch: bool = True,
+        joint_teacher_batch: bool = False,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
