@@ -173,6 +173,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
         assert counts == sorted(counts) and len(counts) == 81 and grid[3 + 27].name == "ft_random_rv_n1_s0_lr1e-4_dicece"
         assert {r.meta["lr"] for r in grid[3:]} == {1e-4}
+    if plan.name == "mt2.json":  # Table 1's Mean Teacher with 0.7.0's teacher where the z calls left it, then MT + Ours
+        assert [r.name for r in grid[:6]] == ["pre_full"] + [f"mt_random_{t}_n1_s{s}_lr1e-4_cw1_tsep"
+                                                             for t, s in (("rv", 0), ("rv", 1), ("rv", 2), ("myo", 1), ("myo", 2))]
+        with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_Z.csv", newline="") as f:
+            assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid}  # nothing run twice
+        mt_ours = grid[6:]
+        assert len(mt_ours) == 9 and {r.depends for r in mt_ours} == {("pre_full",)} and {r.kind for r in grid[1:]} == {"meanteacher"}
+        args = [dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[1:]]
+        assert all(a["--consistency_weight"] == "1.0" and a["--learning_rate"] == "0.0001" for a in args)
+        assert [a.get("--joint_teacher_batch") for a in args] == ["False"] * 5 + [None] * 9  # MT + Ours: the default
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
@@ -1124,6 +1134,9 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     # rows2's: three pre-trainings on GPUs 0-2, the runs that need none on GPU 3
     ("rows2", {"JOBS": "3"}, [("0,1,2", "rows2.json", "--gpus 3 --jobs 3 --only [\"pre_*\"]"),
                               ("3", "rows2.json", "--gpus 1 --jobs 3 --only [\"ft_random_*\"]")]),
+    # mt2's: pre_full alone on GPU 0, the random-init Mean Teacher runs on GPUs 1-3, two a GPU
+    ("mt2", {"JOBS": "6"}, [("0", "mt2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                            ("1,2,3", "mt2.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch

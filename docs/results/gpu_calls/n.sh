@@ -167,7 +167,7 @@ abl)  # prepared in the ninth session; its alpha grid ran in phase r (2 GPUs, ab
   PRESET=acdc_ablation_fast; PNG_RUNS=abl
   runner abl 0,1 --gpus 2 --jobs ${JOBS:-10} --tasks lv --counts 1 --seeds 0,1,2 --lrs 1e-4 --tag pre5k \
     --pretrain_overrides '{"epochs": 25, "warmup_epochs": 5}' --only "${ONLY:-[\"*alpha*\"]}" ;;
-bench3)  # prepared in the eighteenth session, not run; GPU 0 alone, about 4 minutes, no data (any pack, even prepare.sh none):
+bench3)  # prepared in the eighteenth session, run in the nineteenth (the z calls); GPU 0 alone, about 4 minutes, no data (any pack, even prepare.sh none):
   # cuDNN deterministic (the fine-tuning and Mean Teacher bundles' default) against autotuned (pretrain_bim's since
   # 0.2.6: 1.13-1.21x) for finetune_seg's step (batch 5, CUDA graphs, its default) and the Mean Teacher step (5 + 5,
   # its default compile mode); each setting twice, in either order. One JSON line a run in $OUT/bench3.jsonl.
@@ -203,7 +203,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -225,6 +225,12 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # unlabelled views in separate forwards, meanteacher_seg 0.6.0's joint_teacher_batch false, as the student's are) at
   # weight 1 for LV seeds 0-2, Myo seed 0 (and [unlab] RV seed 0), then both at weight 10 (16 runs, a lease's worth);
   # then the rest of y (RV seeds 0-2, Myo seeds 1-2). (Its Baseline [dicece] fillers on RV were dropped: rows ran them.)
+  # The z calls (nineteenth session, 2 x H200: GPUS=0,1 JOBS=4) ran its first 8 runs (see As run below): separate
+  # teacher forwards won, meanteacher_seg 0.7.0's default. mt2 (prepared in the nineteenth session, not run; ACDC pack):
+  # Table 1's Mean Teacher with 0.7.0's teacher ([tsep], as the z calls ran it) on RV seeds 0-2 and Myo seeds 1-2,
+  # then MT + Ours at 1 scan, LV/RV/Myo, seeds 0-2, from a new pre_full (weight 1, LR 1e-4; 15 runs). FIRST=1 JOBS=6
+  # n.sh 588 mt2 (pre_full alone on GPU 0, the five Mean Teacher runs on GPUs 1-3), then n.sh 588 mt2 and LAST=1
+  # n.sh 578 mt2 (MT + Ours, 9 runs of about 700 s: two or three a GPU).
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
@@ -277,7 +283,7 @@ t|u|v|w|x|y|z|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: th
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  [ $PHASE = v ] && REST=${REST:-'["mt_random_*"]'}
+  [ $PHASE = v ] || [ $PHASE = mt2 ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
@@ -376,3 +382,8 @@ exit 0
 #   .carry/p12, restored in 28 s with the data): ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 (567 s: 12 fine-tunes in 465-478 s,
 #   12 more cut), the same again (566 s: those 12 in 461-479 s, 3 cut), LAST=1 ONLY='["ft_*"]' JOBS=12 n.sh 570 p12
 #   (264 s: the last 3, one a GPU, 253-261 s). The full method's 27 fine-tunes. Device time 1,457 of 1,800 s.
+# As run (commit c849b83, one nvidia-h200-x2 lease, 2 x H200, as no 4-GPU machine was lent; the z calls, nineteenth
+#   session): GPUS=0,1 JOBS=4 n.sh 575 z (551 s: [unlab] LV seeds 1-2, Myo / RV seed 0 in 484-488 s; the four [tsep]
+#   runs started), the same again (552 s: those four cut at epochs 46-48 of 50), LAST=1 GPUS=0,1 JOBS=4 n.sh 400 z
+#   (114 s: they ended, 690-715 s over three attempts; LAST held the rest) and in the same call n.sh 280 bench3
+#   (266 s). 8 of 29 runs. Device time 1,535 of 1,800 s.
