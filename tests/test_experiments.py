@@ -1127,6 +1127,19 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     assert not ran
 
 
+def _stand_in_bin(tmp_path, machine_gpus):
+    """A bin folder for n.sh's tests: a python that records each command and its GPUs, an nvidia-smi that lists
+    ``machine_gpus`` GPUs."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    listing = "".join(f"echo 'GPU {i}: stand-in'\n" for i in range(machine_gpus))
+    (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n{listing}")
+    for tool in ("python", "nvidia-smi"):
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir, calls
+
+
 @pytest.mark.parametrize("phase, env, expected", [
     # decdiag's first call: its four pre-trainings, one a GPU, and nothing else (REST_GPUS none)
     ("decdiag", {}, [("0,1,2,3", "decdiag.json", "--gpus 4 --jobs 4 --only [\"pre_*\"]")]),
@@ -1137,6 +1150,11 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     # mt2's: pre_full alone on GPU 0, the random-init Mean Teacher runs on GPUs 1-3, two a GPU
     ("mt2", {"JOBS": "6"}, [("0", "mt2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                             ("1,2,3", "mt2.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
+    # on a 2-GPU machine (the z calls' lease) the rest goes to the GPU the pre-training leaves; on one GPU, beside it
+    ("mt2", {"JOBS": "2", "machine_gpus": 2}, [("0", "mt2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                                               ("1", "mt2.json", "--gpus 1 --jobs 2 --only [\"mt_random_*\"]")]),
+    ("mt2", {"JOBS": "2", "machine_gpus": 1}, [("0", "mt2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                                               ("0", "mt2.json", "--gpus 1 --jobs 2 --only [\"mt_random_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch
@@ -1144,10 +1162,8 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     import os
     import subprocess
 
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
-    (bin_dir / "python").chmod(0o755)
+    env = dict(env)
+    bin_dir, calls = _stand_in_bin(tmp_path, env.pop("machine_gpus", 4))
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")  # no data preparation
     (tmp_path / "out").mkdir()
@@ -1169,6 +1185,26 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
     # then the path probe (experiments.py probe) of each finished pre-training that lacks one
     probes = sorted(line.split("|")[1] for line in calls.read_text().splitlines() if " probe " in f" {line} ")
     assert [p.split("/runs/")[1] for p in probes] == ["pre_contrast_enc/", "pre_full_ctl/", "pre_ours_mi_cc_cc0/"]
+
+
+@pytest.mark.parametrize("first, env, message", [
+    ("1", {}, "PRE_GPUS=0,1,2,3: this machine has 2 GPU(s), 0,1"),  # decdiag2's four pre-trainings, one a GPU
+    ("0", {"GPUS": "0,1,2,3"}, "GPUS=0,1,2,3: this machine has 2 GPU(s), 0,1"),
+])
+def test_n_sh_refuses_gpus_the_machine_lacks_before_it_starts_anything(tmp_path, first, env, message):
+    # a runner given a GPU the machine lacks fails each of its runs, a whole call lost: n.sh stops at once instead
+    import os
+    import subprocess
+
+    bin_dir, calls = _stand_in_bin(tmp_path, 2)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FIRST": first, "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "decdiag2"], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stdout
+    assert not calls.exists() or " run_plan " not in calls.read_text()
 
 
 def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(tmp_path):

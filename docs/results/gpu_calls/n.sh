@@ -69,6 +69,15 @@ if [ -f $CARRY/n_$PHASE.tgz ] && [ ! -d $W/$PHASE ]; then
   echo "restored $W/$PHASE from $CARRY: $(ls $W/$PHASE/runs/*/result.json | wc -l) finished runs"
 fi
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
+# the machine's GPUs (a lease brings 1, 2 or 4; N_GPUS where nvidia-smi is missing, as in the tests, default 4): the
+# plan phases run on all of them unless GPUS / PRE_GPUS / REST_GPUS say otherwise, and refuse a GPU it lacks
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$NGPU" -gt 0 ] || NGPU=${N_GPUS:-4}
+ALL_GPUS=$(seq -s, 0 $(( NGPU - 1 )))
+check_gpus() {  # check_gpus NAME LIST: exit at once if LIST names a GPU this machine lacks (else its runs would fail)
+  local g; for g in ${2//,/ }; do [ "$g" = none ] || [ "$g" -lt "$NGPU" ] ||
+    { echo "$1=$2: this machine has $NGPU GPU(s), $ALL_GPUS; set $1 (and GPUS / PRE_GPUS / REST_GPUS) to fit"; exit 2; }
+  done
+}
 LONG='"epochs": 50, "iters_per_epoch": 200, "warmup_epochs": 10'
 bench_det() {  # bench_det True|False: benchmark_pretrain on the visible GPU, JSON and log to $OUT
   python tools/benchmark_pretrain.py --dataset_dir $D --compile True --bare False --iterations 100 \
@@ -276,8 +285,8 @@ t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each
   # 30 s: four pre-trainings at once took 8.4-11.2 s an epoch, so those with L_con or L_CC at full width end a few
   # epochs into the second call, from their last checkpoint), LAST=1 n.sh 578 decdiag2.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
-  # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default 1-3); later calls: one
-  # runner on all 4 (ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
+  # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
+  # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
   # phase also runs pretrain_bim's path_dependence.json on each of its finished pre-trainings that lacks one (in the
   # background at the start of a later call and again after its runner, for those that ended in it; after the runners
   # in a FIRST call; each only if a minute is left).
@@ -296,13 +305,17 @@ t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each
   }
   [ "${FIRST:-0}" != 1 ] && { probe_paths & }  # every plan phase: the probes of its finished pre-trainings first
   if [ "${FIRST:-0}" = 1 ]; then  # REST_GPUS=none: the pre-trainings only
+    # REST_GPUS default: the GPUs PRE_GPUS leaves (all of them on a one-GPU machine)
+    REST_GPUS=${REST_GPUS:-$(echo $ALL_GPUS | tr ',' '\n' | grep -vxF "$(echo ${PRE_GPUS:-0} | tr ',' '\n')" | paste -sd,)}
+    REST_GPUS=${REST_GPUS:-$ALL_GPUS}; check_gpus PRE_GPUS ${PRE_GPUS:-0}; check_gpus REST_GPUS $REST_GPUS
     GPUS=${PRE_GPUS:-0} JOBS=$(echo ${PRE_GPUS:-0} | tr ',' '\n' | wc -l) plan_runner $P "${PRE:-[\"pre_full\"]}" &
     [ "${REST_GPUS:-}" = none ] ||
-      GPUS=${REST_GPUS:-1,2,3} JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
+      GPUS=$REST_GPUS JOBS=${JOBS:-12} plan_runner $P "${REST:-[\"ft_random_*\"]}" &
     wait
     probe_paths  # if time is left
   else
-    GPUS=${GPUS:-0,1,2,3} JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
+    GPUS=${GPUS:-$ALL_GPUS}; check_gpus GPUS $GPUS
+    GPUS=$GPUS JOBS=${JOBS:-14} plan_runner $P "${ONLY:-}"
     wait; probe_paths  # the pre-trainings that ended during this call (the decdiag calls' [rep] and [ctl] missed it)
   fi
   NAME=$PHASE; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
