@@ -1233,6 +1233,30 @@ def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(t
     assert (tmp_path / "out" / "bench3.jsonl").read_text().count("{}") == 8
 
 
+def test_n_sh_bench4_times_the_teacher_forwards_on_gpu_0_and_cudnn_on_gpu_1(tmp_path):
+    # bench4: the Mean Teacher step only, no data; GPU 0 separate against joint teacher forwards (deterministic, the
+    # bundle's default), GPU 1 deterministic against autotuned with the separate forwards; each setting twice
+    import os
+    import subprocess
+
+    bin_dir, calls = _stand_in_bin(tmp_path, 2)
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\necho "{{}}"\n')
+    (tmp_path / "out").mkdir()
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "400", "bench4"], cwd=ROOT,
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("|") for line in calls.read_text().splitlines()]
+    assert len(lines) == 8 and all("benchmark_meanteacher.py" in a and "--unlabelled_batch_size 5" in a for _, a in lines)
+    by_gpu = {g: [a.split("--compile True ")[1] for gpu, a in lines if gpu == g] for g in ("0", "1")}
+    assert sorted(by_gpu["0"]) == sorted(f"--cudnn_deterministic True --joint_teacher_batch {j}"
+                                         for j in ("False", "False", "True", "True"))
+    assert sorted(by_gpu["1"]) == sorted(f"--cudnn_deterministic {d} --joint_teacher_batch False"
+                                         for d in ("False", "False", "True", "True"))
+    assert all((tmp_path / "out" / f"bench4_gpu{g}.jsonl").read_text().count("{}") == 4 for g in "01")
+
+
 def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
     # a later call probes its finished pre-trainings first, in the background, and again after its runner: one that
     # resumed and ended in the call (the decdiag calls' [rep] and [ctl]) is probed too, and none twice

@@ -27,6 +27,8 @@
 #   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
 #   abl (2 GPUs, about 2 calls): the alpha ablation (run by phase r), 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes;
 #       ONLY="[\"*lambda_cc*\"]" or ONLY="[\"*num_clusters*\"]" for the other two.
+#   bench4 (prepared in the nineteenth session, not run; 2 GPUs, about 5 minutes, no data): the Mean Teacher step, the
+#       cost of 0.7.0's separate teacher forwards and cuDNN autotuning, each setting twice (see the phase below).
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
 #   plan (prepared in the tenth session): PLAN=docs/results/gpu_calls/plans/NAME.json [GPUS=0,1] [JOBS=12] n.sh SECONDS plan
@@ -54,7 +56,7 @@ TW=${N_TMP:-/tmp/w}  # the work root (a test points it elsewhere)
 D=$TW/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
 [ $PHASE = p12 ] && { D=$TW/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
-[ $PHASE = bench3 ] || [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+[ $PHASE = bench3 ] || [ $PHASE = bench4 ] || [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
 # a plan phase's work dir carried from an earlier lease (CARRY, default .carry/PHASE, an ignored folder the run call
 # carries): n_PHASE.tgz, the results tar of that lease's last call, and pre_*_fp16.pt, its pre-trainings' model.pt in
 # float16 (experiments.py weights); restored once, before anything runs, so that the runner skips every finished run
@@ -187,6 +189,20 @@ bench3)  # prepared in the eighteenth session, run in the nineteenth (the z call
     done
   done
   cat $OUT/bench3.jsonl; exit 0 ;;
+bench4)  # prepared in the nineteenth session, not run; 2 GPUs, about 5 minutes, no data (any pack): the Mean Teacher step
+  # at the ACDC batch (5 + 5, the default compile mode), each run 300 iterations, 120 s at most (a cold compile took
+  # over 45 s). GPU 0: what meanteacher_seg 0.7.0's separate teacher forwards cost (joint_teacher_batch False against
+  # True, deterministic cuDNN, the bundle's default). GPU 1 at the same time: deterministic cuDNN against autotuned with
+  # the separate forwards (bench3's two pairs varied by 29 % within one setting). Each setting twice, in either order.
+  # One JSON line a run in $OUT/bench4_gpu0.jsonl and $OUT/bench4_gpu1.jsonl.
+  mt_step() {  # mt_step GPU ARGS...: one benchmark_meanteacher run on GPU, its JSON line appended to $OUT/bench4_gpuGPU.jsonl
+    local gpu=$1; shift
+    CUDA_VISIBLE_DEVICES=$gpu timeout 120 python tools/benchmark_meanteacher.py --batch_size 5 --unlabelled_batch_size 5 \
+      --iterations 300 --warmup 30 --compile True "$@" 2>> $OUT/bench4_gpu$gpu.log | tail -n 1 >> $OUT/bench4_gpu$gpu.jsonl
+  }
+  (for j in False True True False; do mt_step 0 --cudnn_deterministic True --joint_teacher_batch $j; done) &
+  (for d in True False False True; do mt_step 1 --cudnn_deterministic $d --joint_teacher_batch False; done) &
+  wait; cat $OUT/bench4_gpu*.jsonl; exit 0 ;;
 bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
   # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
   # validation) in the default compile mode, then under CUDA graphs: does it run, and how long is an epoch?
