@@ -1128,17 +1128,31 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
     assert not ran
 
 
-def _stand_in_bin(tmp_path, machine_gpus):
-    """A bin folder for n.sh's tests: a python that records each command and its GPUs, an nvidia-smi that lists
-    ``machine_gpus`` GPUs."""
+def _stand_in_bin(tmp_path, machine_gpus, prints=""):
+    """A bin folder for n.sh's tests: a python that records each command and its GPUs (and prints ``prints``), an
+    nvidia-smi that lists ``machine_gpus`` GPUs."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    echo = f'echo "{prints}"\n' if prints else ""
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n{echo}')
     listing = "".join(f"echo 'GPU {i}: stand-in'\n" for i in range(machine_gpus))
     (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n{listing}")
     for tool in ("python", "nvidia-smi"):
         (bin_dir / tool).chmod(0o755)
     return bin_dir, calls
+
+
+def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
+    """``bash n.sh SECONDS PHASE`` with the stand-ins of ``bin_dir`` first on PATH, its work root and $OUT in
+    ``tmp_path``; ``env`` adds variables (FIRST, GPUS, JOBS...)."""
+    import os
+    import subprocess
+
+    (tmp_path / "out").mkdir(exist_ok=True)
+    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), str(seconds), phase],
+                          cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("phase, env, expected", [
@@ -1160,23 +1174,16 @@ def _stand_in_bin(tmp_path, machine_gpus):
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch
     # with a stand-in python that records each command and the GPUs it was given
-    import os
-    import subprocess
-
     env = dict(env)
     bin_dir, calls = _stand_in_bin(tmp_path, env.pop("machine_gpus", 4))
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")  # no data preparation
-    (tmp_path / "out").mkdir()
     runs = tmp_path / "w" / "n" / phase / "runs"  # finished pre-trainings: probed unless probed already or Contrast (Enc)
     for name in ("pre_full_ctl", "pre_ours_mi_cc_cc0", "pre_ours_mi_cc_rep", "pre_contrast_enc"):
         (runs / name).mkdir(parents=True)
         (runs / name / "checkpoint_final.pt").write_bytes(b"")
     (runs / "pre_ours_mi_cc_rep" / "path_dependence_validation.json").write_text("{}")
-    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FIRST": "1", "BIM_GIT_COMMIT": "x",
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", phase], cwd=ROOT,
-                          env=run_env, capture_output=True, text=True, timeout=120)
+    done = _run_n_sh(tmp_path, bin_dir, 100, phase, FIRST="1", **env)
     assert done.returncode == 0 and f"phase {phase} ended" in done.stdout
     runners = sorted(line.split("|") for line in calls.read_text().splitlines() if " run_plan " in f" {line} ")
     assert len(runners) == len(expected)
@@ -1194,16 +1201,10 @@ def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env
 ])
 def test_n_sh_refuses_gpus_the_machine_lacks_before_it_starts_anything(tmp_path, first, env, message):
     # a runner given a GPU the machine lacks fails each of its runs, a whole call lost: n.sh stops at once instead
-    import os
-    import subprocess
-
     bin_dir, calls = _stand_in_bin(tmp_path, 2)
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
-    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FIRST": first, "BIM_GIT_COMMIT": "x",
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "decdiag2"], cwd=ROOT,
-                          env=run_env, capture_output=True, text=True, timeout=120)
+    done = _run_n_sh(tmp_path, bin_dir, 100, "decdiag2", FIRST=first, **env)
     assert done.returncode == 2 and message in done.stdout
     assert not calls.exists() or " run_plan " not in calls.read_text()
 
@@ -1211,18 +1212,8 @@ def test_n_sh_refuses_gpus_the_machine_lacks_before_it_starts_anything(tmp_path,
 def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(tmp_path):
     # bench3 fills a lease's spare minutes on any pack: it must not prepare data (there may be none), and must time
     # finetune_seg's step and the Mean Teacher step, each setting twice, on GPU 0 alone
-    import os
-    import subprocess
-
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\necho "{{}}"\n')
-    (bin_dir / "python").chmod(0o755)
-    (tmp_path / "out").mkdir()
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "300", "bench3"], cwd=ROOT,
-                          env=run_env, capture_output=True, text=True, timeout=120)
+    bin_dir, calls = _stand_in_bin(tmp_path, 1, prints="{}")
+    done = _run_n_sh(tmp_path, bin_dir, 300, "bench3")
     assert done.returncode == 0, done.stderr
     lines = [line.split("|") for line in calls.read_text().splitlines()]
     assert not any("data_prep" in args for _, args in lines)
@@ -1237,16 +1228,8 @@ def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(t
 def test_n_sh_bench4_times_the_teacher_forwards_on_gpu_0_and_cudnn_on_gpu_1(tmp_path):
     # bench4: the Mean Teacher step only, no data; GPU 0 separate against joint teacher forwards (deterministic, the
     # bundle's default), GPU 1 deterministic against autotuned with the separate forwards; each setting twice
-    import os
-    import subprocess
-
-    bin_dir, calls = _stand_in_bin(tmp_path, 2)
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\necho "{{}}"\n')
-    (tmp_path / "out").mkdir()
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "400", "bench4"], cwd=ROOT,
-                          env=run_env, capture_output=True, text=True, timeout=120)
+    bin_dir, calls = _stand_in_bin(tmp_path, 2, prints="{}")
+    done = _run_n_sh(tmp_path, bin_dir, 400, "bench4")
     assert done.returncode == 0, done.stderr
     lines = [line.split("|") for line in calls.read_text().splitlines()]
     assert len(lines) == 8 and all("benchmark_meanteacher.py" in a and "--unlabelled_batch_size 5" in a for _, a in lines)
