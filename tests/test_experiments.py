@@ -1107,14 +1107,15 @@ def test_the_benchmarks_refuse_a_lowercase_boolean_before_they_start(tool, call)
 
 
 def test_the_mean_teacher_benchmark_sets_cudnn_and_the_teacher_forward_as_the_bundles_do(tmp_path):
-    # before --cudnn_deterministic it always autotuned, unlike the bundles; now it follows the flag (default: the
-    # bundles' true) and says which it measured; likewise the teacher's forwards (default: meanteacher_seg's separate)
+    # before --cudnn_deterministic it always autotuned, unlike the bundles; now it follows the flag (default: what the
+    # step's bundle sets, autotuned for meanteacher_seg since 0.7.1, deterministic for finetune_seg's supervised step)
+    # and says which it measured; likewise the teacher's forwards (default: meanteacher_seg's separate)
     import subprocess
 
     tiny = ["--batch_size", "2", "--unlabelled_batch_size", "2", "--size", "32", "--iterations", "1", "--warmup", "1",
             "--features", "4,4,8,8,16,4"]
-    for flag, det, joint in (([], True, False), (["--cudnn_deterministic", "False", "--joint_teacher_batch", "True"],
-                                                 False, True)):
+    for flag, det, joint in (([], False, False), (["--method", "supervised", "--unlabelled_batch_size", "0"], True, False),
+                             (["--cudnn_deterministic", "True", "--joint_teacher_batch", "True"], True, True)):
         proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *tiny, *flag],
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]

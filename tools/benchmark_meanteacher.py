@@ -4,7 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--joint_student_batch False]
-                                          [--cudnn_deterministic True] [--joint_teacher_batch False]
+                                          [--cudnn_deterministic None] [--joint_teacher_batch False]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -15,10 +15,11 @@ an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512)
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
 batch of the paper (finetune_seg's step has the same work). ``--compile True --compile_mode reduce-overhead``
-tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True`` (the
-default, as ``finetune_seg`` and ``meanteacher_seg`` run) pins cuDNN to deterministic algorithms; ``False`` lets it
-autotune (``pretrain_bim``'s default since 0.2.6). Before this option the benchmark always autotuned, so its earlier
-numbers are those of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
+tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True`` pins cuDNN to
+deterministic algorithms; ``False`` lets it autotune. The default (None) times what the bundle runs: deterministic for
+``--method supervised`` (``finetune_seg``), autotuned for the semi-supervised methods (``meanteacher_seg`` since 0.7.1,
+as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotuned, so its earlier numbers are those
+of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
 0.7.0) gives the teacher one forward for the labelled and one for the unlabelled views; ``True``, one forward of both,
 as the bundle did up to 0.6.0.
 """
@@ -45,12 +46,14 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
-         cudnn_deterministic: bool = True, joint_teacher_batch: bool = False) -> None:
+         cudnn_deterministic: bool | None = None, joint_teacher_batch: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.flags import require_flags
     from bim_common.network import build_unet
     from bim_common.segmentation import SegmentationAugment
 
+    if cudnn_deterministic is None:  # what the bundle that runs this step sets (its cudnn_deterministic default)
+        cudnn_deterministic = method == "supervised"
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "joint_student_batch": joint_student_batch,
                    "cudnn_deterministic": cudnn_deterministic, "joint_teacher_batch": joint_teacher_batch})  # fire gives --compile false as the string 'false'
