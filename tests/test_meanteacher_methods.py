@@ -480,6 +480,59 @@ def test_the_bundle_and_the_step_default_to_separate_teacher_forwards():
     assert parser["joint_teacher_batch"] is False and default is False
 
 
+@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
+def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(method, monkeypatch):
+    """``compile_teacher``: the step compiles ``teacher.module`` (with ``compile_mode``) and runs each teacher forward
+    through it, in the teacher's train mode, on the parameters the EMA update moves; the targets are the eager
+    teacher's. Off (the default), nothing is compiled. (A stand-in for ``torch.compile`` records the calls: inductor
+    on the CPU takes half a minute, and its numerics are torch's to test.)"""
+    compiled = []
+
+    class Recorder(nn.Module):  # what torch.compile returns here: the same module, its calls recorded
+        def __init__(self, module, mode):
+            super().__init__()
+            self.inner, self.mode, self.calls = module, mode, []
+
+        def forward(self, x):
+            self.calls.append((x.shape[0], self.inner.training))
+            return self.inner(x)
+
+    monkeypatch.setattr(torch, "compile", lambda module, mode=None: compiled.append(Recorder(module, mode)) or compiled[-1])
+    outs = []
+    for compile_teacher in (False, True):
+        torch.manual_seed(0)
+        net = build_unet(out_channels=2, features=TINY)
+        step = _step(method, net, compile_teacher=compile_teacher, compile_mode="max-autotune-no-cudagraphs")
+        outs.append(step(net, _batch(seed=0), 5)["loss_reg"])
+        assert len(compiled) == int(compile_teacher)
+    recorder = compiled[0]
+    assert recorder.inner is step.teacher.module and recorder.mode == "max-autotune-no-cudagraphs"
+    passes = step.uncertainty_passes if method == "ua_mt" else 1
+    # separate teacher forwards (the default): the labelled views, then the unlabelled ones (UA-MT: its noisy copies too)
+    assert [n for n, _ in recorder.calls][-2:] == [2 * passes, 2 * passes] and all(t for _, t in recorder.calls)
+    assert not step.teacher.training  # back in eval mode after the step
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+    with pytest.raises(ValueError, match="compile_teacher"):
+        _step(method, build_unet(out_channels=2, features=TINY), compile_teacher="sometimes")
+
+
+@pytest.mark.parametrize("compile_, compile_teacher", [(True, True), (True, False), (False, True)])
+def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(compile_, compile_teacher):
+    """train.json's ``compile_teacher`` (default false) reaches the step only where ``compile`` is on too (on the CPU
+    ``compile`` defaults to false, and the teacher stays eager with it); ``compile_mode`` is the student's."""
+    import inspect
+
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(ROOT / "bundles" / "meanteacher_seg" / "configs" / "train.json"))
+    assert parser["compile_teacher"] is False
+    assert inspect.signature(ss.SemiSupervisedStep).parameters["compile_teacher"].default is False
+    parser["compile"], parser["compile_teacher"], parser["compile_mode"] = compile_, compile_teacher, "reduce-overhead"
+    assert parser.get_parsed_content("train#step#compile_teacher") is (compile_ and compile_teacher)
+    assert parser.get_parsed_content("train#step#compile_mode") == "reduce-overhead"
+
+
 @pytest.mark.parametrize("bn_stats", [True, False])
 def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_bn_stats(bn_stats):
     """``unlabelled_bn_stats`` false: the student's running statistics after a step do not depend on the unlabelled

@@ -5,6 +5,7 @@
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--joint_student_batch False]
                                           [--cudnn_deterministic None] [--joint_teacher_batch False]
+                                          [--compile_teacher False]
 
 Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -21,7 +22,8 @@ deterministic algorithms; ``False`` lets it autotune. The default (None) times w
 as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotuned, so its earlier numbers are those
 of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
 0.7.0) gives the teacher one forward for the labelled and one for the unlabelled views; ``True``, one forward of both,
-as the bundle did up to 0.6.0.
+as the bundle did up to 0.6.0. ``--compile True --compile_teacher True`` compiles the teacher's forwards too (the
+bundle's ``compile_teacher``, which also needs its ``compile``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
-         cudnn_deterministic: bool | None = None, joint_teacher_batch: bool = False) -> None:
+         cudnn_deterministic: bool | None = None, joint_teacher_batch: bool = False,
+         compile_teacher: bool = False) -> None:
     from bim_common import semi_supervised as ss
     from bim_common.flags import require_flags
     from bim_common.network import build_unet
@@ -56,7 +59,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         cudnn_deterministic = method == "supervised"
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "joint_student_batch": joint_student_batch,
-                   "cudnn_deterministic": cudnn_deterministic, "joint_teacher_batch": joint_teacher_batch})  # fire gives --compile false as the string 'false'
+                   "cudnn_deterministic": cudnn_deterministic, "joint_teacher_batch": joint_teacher_batch,
+                   "compile_teacher": compile_teacher})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -73,6 +77,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
         discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
         joint_student_batch=joint_student_batch, joint_teacher_batch=joint_teacher_batch,
+        compile_teacher=compile and compile_teacher, compile_mode=compile_mode,
     )
     student = torch.compile(net, mode=compile_mode) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -107,6 +112,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
         "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode, "joint_student_batch": bool(joint_student_batch),
         "cudnn_deterministic": bool(cudnn_deterministic), "joint_teacher_batch": bool(joint_teacher_batch),
+        "compile_teacher": bool(compile and compile_teacher),
         "torch": torch.__version__,
     }
     print(json.dumps(result))

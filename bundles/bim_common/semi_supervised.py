@@ -256,7 +256,9 @@ class SemiSupervisedStep:
     forwards are (see :meth:`teacher_of`). Call it with ``student``, the
     batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
     ``supervised_loss_function(logits, label)`` is the labelled term (default :func:`labelled_cross_entropy`; the
-    bundle passes its ``train#trainer#loss_function``).
+    bundle passes its ``train#trainer#loss_function``). ``compile_teacher`` runs the teacher's forwards through
+    ``torch.compile(teacher.module, mode=compile_mode)`` (the student is compiled by the bundle's ``compile``); the
+    compiled module shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode.
     """
 
     def __init__(
@@ -286,6 +288,8 @@ class SemiSupervisedStep:
         unlabelled_bn_stats: bool = True,
         supervised_loss_function=None,
         joint_teacher_batch: bool = False,
+        compile_teacher: bool = False,
+        compile_mode: str | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -315,6 +319,10 @@ class SemiSupervisedStep:
         self.unlabelled_bn_stats = as_flag(unlabelled_bn_stats, "unlabelled_bn_stats")
         self._bn_after_labelled = None
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
+        self.compile_teacher = as_flag(compile_teacher, "compile_teacher")
+        # what runs the teacher's forwards: the AveragedModel itself, or its module compiled (same parameters, mode)
+        self._teacher_network = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
+                                 teacher is not None else teacher)
 
     # ---- helpers
 
@@ -386,7 +394,7 @@ class SemiSupervisedStep:
         The running statistics its train-mode forward touches are overwritten by the next EMA update."""
         self.teacher.train(self.teacher_batch_stats)
         try:
-            yield self.teacher
+            yield self._teacher_network
         finally:
             self.teacher.eval()
 
