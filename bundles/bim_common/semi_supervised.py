@@ -320,9 +320,9 @@ class SemiSupervisedStep:
         self._bn_after_labelled = None
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
         self.compile_teacher = as_flag(compile_teacher, "compile_teacher")
-        # what runs the teacher's forwards: the AveragedModel itself, or its module compiled (same parameters, mode)
-        self._teacher_network = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
-                                 teacher is not None else teacher)
+        # with compile_teacher, what runs the teacher's forwards: its module compiled (same parameters, same mode)
+        self._compiled_teacher = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
+                                  teacher is not None else None)
 
     # ---- helpers
 
@@ -394,7 +394,7 @@ class SemiSupervisedStep:
         The running statistics its train-mode forward touches are overwritten by the next EMA update."""
         self.teacher.train(self.teacher_batch_stats)
         try:
-            yield self._teacher_network
+            yield self._compiled_teacher if self._compiled_teacher is not None else self.teacher
         finally:
             self.teacher.eval()
 
