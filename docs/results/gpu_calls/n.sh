@@ -27,7 +27,7 @@
 #   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
 #   abl (2 GPUs, about 2 calls): the alpha ablation (run by phase r), 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes;
 #       ONLY="[\"*lambda_cc*\"]" or ONLY="[\"*num_clusters*\"]" for the other two.
-#   bench4 (prepared in the nineteenth session, not run; 2 GPUs, about 5 minutes, no data): the Mean Teacher step, the
+#   bench4 (prepared in the nineteenth session, run in the twentieth; 2 GPUs, about 3 minutes, no data): the Mean Teacher step, the
 #       cost of 0.7.0's separate teacher forwards and cuDNN autotuning, each setting twice (see the phase below).
 #   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
 #       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
@@ -189,7 +189,7 @@ bench3)  # prepared in the eighteenth session, run in the nineteenth (the z call
     done
   done
   cat $OUT/bench3.jsonl; exit 0 ;;
-bench4)  # prepared in the nineteenth session, not run; 2 GPUs, about 5 minutes, no data (any pack): the Mean Teacher step
+bench4)  # prepared in the nineteenth session, run in the twentieth (190 s); 2 GPUs, no data (any pack): the Mean Teacher step
   # at the ACDC batch (5 + 5, the default compile mode), each run 300 iterations, 120 s at most (a cold compile took
   # over 45 s). GPU 0: what meanteacher_seg 0.7.0's separate teacher forwards cost (joint_teacher_batch False against
   # True, deterministic cuDNN, the bundle's default). GPU 1 at the same time: deterministic cuDNN against autotuned with
@@ -417,3 +417,9 @@ exit 0
 #   runs started), the same again (552 s: those four cut at epochs 46-48 of 50), LAST=1 GPUS=0,1 JOBS=4 n.sh 400 z
 #   (114 s: they ended, 690-715 s over three attempts; LAST held the rest) and in the same call n.sh 280 bench3
 #   (266 s). 8 of 29 runs. Device time 1,535 of 1,800 s.
+# As run (commit c0effb4, one nvidia-h100-x4 lease, 4 x H100; the p12c calls, twentieth session, the PROMISE12 pack and
+#   .carry/p12, restored in 27 s): ONLY='["mt_random_prostate_n4_s0_*", "mt_random_prostate_n8_s0_*",
+#   "mt_pre_full_prostate_n4_s0_*", "mt_pre_full_prostate_n8_s0_*"]' JOBS=4 n.sh 588 p12 (565 s: the four started,
+#   one a GPU), the same again (566 s: cut at epochs 48-49 of 50, 22-26 s an epoch), the same with LAST=1 and
+#   n.sh 380 p12 (111 s: they ended, 1,181-1,205 s over three attempts), then n.sh 390 bench4 (190 s).
+#   Device time 1,496 of 1,800 s.
