@@ -1114,7 +1114,8 @@ def test_the_mean_teacher_benchmark_sets_cudnn_and_the_teacher_forward_as_the_bu
 
     tiny = ["--batch_size", "2", "--unlabelled_batch_size", "2", "--size", "32", "--iterations", "1", "--warmup", "1",
             "--features", "4,4,8,8,16,4"]
-    for flag, det, joint in (([], False, False), (["--method", "supervised", "--unlabelled_batch_size", "0"], True, False),
+    for flag, det, joint in (([], False, False),
+                             (["--method", "supervised", "--unlabelled_batch_size", "0"], True, False),
                              (["--cudnn_deterministic", "True", "--joint_teacher_batch", "True"], True, True)):
         proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *tiny, *flag],
                               capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -497,7 +497,11 @@ def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(
             self.calls.append((x.shape[0], self.inner.training))
             return self.inner(x)
 
-    monkeypatch.setattr(torch, "compile", lambda module, mode=None: compiled.append(Recorder(module, mode)) or compiled[-1])
+    def fake_compile(module, mode=None):
+        compiled.append(Recorder(module, mode))
+        return compiled[-1]
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
     outs = []
     for compile_teacher in (False, True):
         torch.manual_seed(0)
@@ -508,7 +512,8 @@ def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(
     recorder = compiled[0]
     assert recorder.inner is step.teacher.module and recorder.mode == "max-autotune-no-cudagraphs"
     passes = step.uncertainty_passes if method == "ua_mt" else 1
-    # separate teacher forwards (the default): the labelled views, then the unlabelled ones (UA-MT: its noisy copies too)
+    # separate teacher forwards (the default): the labelled views, then the unlabelled ones (UA-MT: with the noisy
+    # copies of each)
     assert [n for n, _ in recorder.calls][-2:] == [2 * passes, 2 * passes] and all(t for _, t in recorder.calls)
     assert not step.teacher.training  # back in eval mode after the step
     assert torch.allclose(outs[0], outs[1], atol=1e-6)

@@ -16,8 +16,8 @@ an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512)
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
 batch of the paper (finetune_seg's step has the same work). ``--compile True --compile_mode reduce-overhead``
-tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True`` pins cuDNN to
-deterministic algorithms; ``False`` lets it autotune. The default (None) times what the bundle runs: deterministic for
+tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``. ``--cudnn_deterministic True``
+pins cuDNN to deterministic algorithms; ``False`` lets it autotune. The default (None) times what the bundle runs: deterministic for
 ``--method supervised`` (``finetune_seg``), autotuned for the semi-supervised methods (``meanteacher_seg`` since 0.7.1,
 as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotuned, so its earlier numbers are those
 of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
