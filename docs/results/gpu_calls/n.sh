@@ -254,9 +254,10 @@ t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each
   # teacher forwards won, meanteacher_seg 0.7.0's default. mt2 (prepared in the nineteenth session, not run; ACDC pack):
   # Table 1's Mean Teacher with 0.7.0's teacher ([tsep], as the z calls ran it) on RV seeds 0-2 and Myo seeds 1-2,
   # the joint forward again on LV seed 0 ([joint]: a same-machine control of the z calls' +30 there), then MT + Ours
-  # at 1 scan, LV/RV/Myo, seeds 0-2, from a new pre_full (weight 1, LR 1e-4; 16 runs). FIRST=1 JOBS=6
-  # n.sh 588 mt2 (pre_full alone on GPU 0, the six Mean Teacher runs on GPUs 1-3), then n.sh 588 mt2 and LAST=1
-  # n.sh 578 mt2 (MT + Ours, 9 runs of about 700 s: two or three a GPU).
+  # at 1 scan, LV/RV/Myo, seeds 0-2, from a new pre_full (weight 1, LR 1e-4; 16 runs), reordered in the twenty-first
+  # session for a two-GPU lease (no four-GPU kind was lent): RV seeds 0-1, MT + Ours seed 0, the other seeds, the
+  # control last. FIRST=1 JOBS=2 n.sh 588 mt2 (pre_full alone on GPU 0, RV seeds 0-1 on GPU 1), then JOBS=4
+  # n.sh 588 mt2 and LAST=1 JOBS=4 n.sh 560 mt2 (runs of about 700 s, two a GPU).
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
