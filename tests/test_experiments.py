@@ -192,6 +192,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {n: a.get("--joint_teacher_batch") for n, a in args.items()} == {
             **{n: "False" for n in tsep}, **{n: None for n in mt_ours},  # MT + Ours: the default (separate forwards)
             "mt_random_lv_n1_s0_lr1e-4_cw1_joint": "True"}
+    if plan.name == "mt3.json":  # Mean Teacher and MT + Ours at 2 and 4 scans, the full method from MT + Ours's own
+        # pre-training ([samepre]), seed 0 first; the random-init runs first among the runs that need no pre-training
+        assert len(grid) == 38 and grid[0].name == "pre_full" and grid[19].name == "mt_pre_full_myo_n1_s2_lr1e-4_cw1"
+        assert [r.meta["seed"] for r in grid[1:19]] == [0] * 18 and {r.meta["seed"] for r in grid[20:]} == {1}
+        assert [r.name for r in grid if r.kind == "meanteacher" and not r.depends][:6] == [
+            f"mt_random_{t}_n{n}_s0_lr1e-4_cw1_tsep" for t in ("lv", "rv", "myo") for n in (2, 4)]
+        samepre = [r for r in grid if r.name.endswith("_samepre")]
+        assert len(samepre) == 12 and {r.depends for r in grid[7:]} == {("pre_full",)} | {()}
+        assert {r.depends for r in samepre} == {("pre_full",)} and {r.expected_s for r in samepre} == {340}
+        assert {r.meta["labelled_scans"] for r in grid[1:] if r.name != grid[19].name} == {2, 4}
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
@@ -1182,6 +1192,8 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                                                ("1", "mt2.json", "--gpus 1 --jobs 2 --only [\"mt_random_*\"]")]),
     ("mt2", {"JOBS": "2", "machine_gpus": 1}, [("0", "mt2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                                                ("0", "mt2.json", "--gpus 1 --jobs 2 --only [\"mt_random_*\"]")]),
+    ("mt3", {"JOBS": "6"}, [("0", "mt3.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                            ("1,2,3", "mt3.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch

@@ -228,7 +228,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
+t|u|v|w|x|y|z|mt2|mt3|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
   # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
   # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
   # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
@@ -255,9 +255,13 @@ t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each
   # Table 1's Mean Teacher with 0.7.0's teacher ([tsep], as the z calls ran it) on RV seeds 0-2 and Myo seeds 1-2,
   # the joint forward again on LV seed 0 ([joint]: a same-machine control of the z calls' +30 there), then MT + Ours
   # at 1 scan, LV/RV/Myo, seeds 0-2, from a new pre_full (weight 1, LR 1e-4; 16 runs), reordered in the twenty-first
-  # session for a two-GPU lease (no four-GPU kind was lent): RV seeds 0-1, MT + Ours seed 0, the other seeds, the
-  # control last. FIRST=1 JOBS=2 n.sh 588 mt2 (pre_full alone on GPU 0, RV seeds 0-1 on GPU 1), then JOBS=4
-  # n.sh 588 mt2 and LAST=1 JOBS=4 n.sh 560 mt2 (runs of about 700 s, two a GPU).
+  # session, when only two-GPU kinds were lent at first: RV seeds 0-1, MT + Ours seed 0, the other seeds, the control
+  # last (on 2 GPUs: FIRST=1 JOBS=2, then JOBS=4 twice). The mt2 calls (twenty-first session, 4 x H100) ran it: see
+  # As run below.
+  # mt3 (prepared in the twenty-first session, not run; ACDC pack): Mean Teacher ([tsep]) and MT + Ours at 2 and 4
+  # scans, and the full method fine-tuned from MT + Ours's own pre-training ([samepre], so that the two compare from
+  # one pre-training), seed 0, then MT + Ours Myo seed 2 at 1 scan, then the same at seed 1 (37 runs, one pre_full).
+  # On 4 GPUs as mt2: FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
   # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
@@ -310,7 +314,7 @@ t|u|v|w|x|y|z|mt2|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  [ $PHASE = v ] || [ $PHASE = mt2 ] && REST=${REST:-'["mt_random_*"]'}
+  [ $PHASE = v ] || [ $PHASE = mt2 ] || [ $PHASE = mt3 ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
@@ -424,3 +428,7 @@ exit 0
 #   one a GPU), the same again (566 s: cut at epochs 48-49 of 50, 22-26 s an epoch), the same with LAST=1 and
 #   n.sh 380 p12 (111 s: they ended, 1,181-1,205 s over three attempts), then n.sh 390 bench4 (190 s).
 #   Device time 1,496 of 1,800 s.
+# As run (commit 3c6e22b, one nvidia-h100-x4 lease, 4 x H100; the mt2 calls, twenty-first session, the ACDC pack):
+#   FIRST=1 JOBS=6 n.sh 588 mt2 (565 s: pre_full alone on GPU 0 in 484 s; the six random-init runs on GPUs 1-3, two a
+#   GPU, cut), JOBS=8 n.sh 588 mt2 (566 s: those ended in 89-125 s; MT + Ours started, cut), LAST=1 JOBS=8 n.sh 578 mt2
+#   (235 s: the eight ended; MT + Ours Myo seed 2 held). Device time 1,439 of 1,800 s.
