@@ -203,6 +203,17 @@ bench4)  # prepared in the nineteenth session, run in the twentieth (190 s); 2 G
   (for j in False True True False; do mt_step 0 --cudnn_deterministic True --joint_teacher_batch $j; done) &
   (for d in True False False True; do mt_step 1 --cudnn_deterministic $d --joint_teacher_batch False; done) &
   wait; cat $OUT/bench4_gpu*.jsonl; exit 0 ;;
+bench5)  # twenty-first session, one GPU, the ACDC pack: bench2's open question for meanteacher_seg 0.7.1 (separate teacher
+  # forwards, autotuned cuDNN): does the bundle run under CUDA graphs (compile_mode reduce-overhead), and how long is
+  # an epoch against the default mode? LV, 1 scan, 3 epochs of 100 iterations with validation, each run half the call.
+  for mode in None reduce-overhead; do
+    timeout $(( $(left) / 2 - 5 )) python -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json \
+      --dataset_dir $D --task lv --labelled_scans 1 --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 --rampup_epochs 1 \
+      --compile_mode $mode --progress_bar False --output_dir /tmp/w/mt_$mode > /tmp/w/mt_$mode.log 2>&1
+    echo "meanteacher_seg compile_mode $mode: rc $? at $(( T - $(left) )) s"
+    grep -hE "Complete. Time taken|Key metric|Error|error" /tmp/w/mt_$mode.log | tail -n 8
+  done 2>&1 | tee $OUT/bench5.log
+  exit 0 ;;
 bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
   # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
   # validation) in the default compile mode, then under CUDA graphs: does it run, and how long is an epoch?
