@@ -205,9 +205,15 @@ bench4)  # prepared in the nineteenth session, run in the twentieth (190 s); 2 G
   wait; cat $OUT/bench4_gpu*.jsonl; exit 0 ;;
 bench5)  # twenty-first session, one GPU, the ACDC pack: bench2's open question for meanteacher_seg 0.7.1 (separate teacher
   # forwards, autotuned cuDNN): does the bundle run under CUDA graphs (compile_mode reduce-overhead), and how long is
-  # an epoch against the default mode? LV, 1 scan, 3 epochs of 100 iterations with validation, each run half the call.
+  # an epoch against the default mode? LV, 1 scan, 3 epochs of 100 iterations with validation; the first run half the
+  # time left, the second the rest. As run (commit a668580, one nvidia-h100-x1, 189 s): the default mode ended (epoch
+  # 1 54.3 s with its cold compile, epochs 2-3 6.1 / 6.4 s); the CUDA-graph run got only a quarter of the call (the
+  # first run took half of what was left, the second again half: since fixed) and was cut inside its first epoch; run
+  # again at once by hand on the warm machine (its compile cache partly filled): epochs 12.4 / 4.8 / 4.6 s, the same
+  # validation Dice (0.0686 / 0.0702 against 0.0684 / 0.0702 at epochs 2-3).
   for mode in None reduce-overhead; do
-    timeout $(( $(left) / 2 - 5 )) python -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json \
+    budget=$(( $(left) / 2 - 5 )); [ $mode = None ] || budget=$(( $(left) - 5 ))
+    timeout $budget python -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json \
       --dataset_dir $D --task lv --labelled_scans 1 --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 --rampup_epochs 1 \
       --compile_mode $mode --progress_bar False --output_dir /tmp/w/mt_$mode > /tmp/w/mt_$mode.log 2>&1
     echo "meanteacher_seg compile_mode $mode: rc $? at $(( T - $(left) )) s"
