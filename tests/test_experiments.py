@@ -193,15 +193,20 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             **{n: "False" for n in tsep}, **{n: None for n in mt_ours},  # MT + Ours: the default (separate forwards)
             "mt_random_lv_n1_s0_lr1e-4_cw1_joint": "True"}
     if plan.name == "mt3.json":  # Mean Teacher and MT + Ours at 2 and 4 scans, the full method from MT + Ours's own
-        # pre-training ([samepre]), seed 0 first; the random-init runs first among the runs that need no pre-training
-        assert len(grid) == 38 and grid[0].name == "pre_full" and grid[19].name == "mt_pre_full_myo_n1_s2_lr1e-4_cw1"
-        assert [r.meta["seed"] for r in grid[1:19]] == [0] * 18 and {r.meta["seed"] for r in grid[20:]} == {1}
-        assert [r.name for r in grid if r.kind == "meanteacher" and not r.depends][:6] == [
-            f"mt_random_{t}_n{n}_s0_lr1e-4_cw1_tsep" for t in ("lv", "rv", "myo") for n in (2, 4)]
+        # pre-training ([samepre]), seed 0 first; the random-init runs first among the runs that need no pre-training,
+        # then two of them again under CUDA graphs ([cg]), the full-length A/B of compile_mode, before MT + Ours
+        names = [r.name for r in grid]
+        assert len(grid) == 40 and names[0] == "pre_full" and names[21] == "mt_pre_full_myo_n1_s2_lr1e-4_cw1"
+        assert [r.meta["seed"] for r in grid[1:21]] == [0] * 20 and {r.meta["seed"] for r in grid[22:]} == {1}
+        assert names[1:9] == [f"mt_random_{t}_n{n}_s0_lr1e-4_cw1_tsep" for t in ("lv", "rv", "myo") for n in (2, 4)] + [
+            f"mt_random_{t}_n2_s0_lr1e-4_cw1_cg" for t in ("lv", "rv")]
+        args = {r.name: dict(zip(r.commands[0][4::2], r.commands[0][5::2])) for r in grid[1:9]}
+        assert [a.get("--compile_mode") for a in args.values()] == [None] * 6 + ["reduce-overhead"] * 2
+        assert {a["--joint_teacher_batch"] for a in args.values()} == {"False"}  # [cg] differs from [tsep] in the mode only
         samepre = [r for r in grid if r.name.endswith("_samepre")]
-        assert len(samepre) == 12 and {r.depends for r in grid[7:]} == {("pre_full",)} | {()}
-        assert {r.depends for r in samepre} == {("pre_full",)} and {r.expected_s for r in samepre} == {340}
-        assert {r.meta["labelled_scans"] for r in grid[1:] if r.name != grid[19].name} == {2, 4}
+        assert len(samepre) == 12 and {r.depends for r in samepre} == {("pre_full",)} and {r.expected_s for r in samepre} == {340}
+        assert {r.depends for r in grid[9:]} == {("pre_full",), ()}
+        assert {r.meta["labelled_scans"] for r in grid[1:] if r.name != names[21]} == {2, 4}
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name

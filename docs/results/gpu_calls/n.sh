@@ -277,7 +277,8 @@ t|u|v|w|x|y|z|mt2|mt3|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls 
   # As run below.
   # mt3 (prepared in the twenty-first session, not run; ACDC pack): Mean Teacher ([tsep]) and MT + Ours at 2 and 4
   # scans, and the full method fine-tuned from MT + Ours's own pre-training ([samepre], so that the two compare from
-  # one pre-training), seed 0, then MT + Ours Myo seed 2 at 1 scan, then the same at seed 1 (37 runs, one pre_full).
+  # one pre-training), seed 0, with LV and RV at 2 scans again under CUDA graphs ([cg]: compile_mode reduce-overhead,
+  # the full-length A/B bench5 asks for), then MT + Ours Myo seed 2 at 1 scan, then seed 1 (39 runs, one pre_full).
   # On 4 GPUs as mt2: FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3.
   # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
   # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
