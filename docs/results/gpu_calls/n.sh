@@ -1,54 +1,19 @@
 #!/usr/bin/env bash
-# Calls N (seventh session, one nvidia-h100-x4 lease = 4 GPUs) and P (eighth, nvidia-h100-x2): usage n.sh SECONDS PHASE; chain the phases on the warm
-# machine (each call within 30 s of the last). Start each call with
+# The GPU calls of docs/results since calls N: n.sh SECONDS PHASE, on the device machine, from the repository root.
+# Start each call with
 #   export CALL_START=$(date +%s) && bash .device/setup.sh > /tmp/setup.log 2>&1 && source .device/env.sh &&
-#   BIM_GIT_COMMIT=<commit> bash docs/results/gpu_calls/n.sh <limit - 12> n1|n2|n3|n4
-# Every run is at the paper's length (10,000 iterations, LR warm-up 10 epochs) and 1e-4 unless named otherwise.
-#   n1  GPU 0: the full method's [pre10k] pre-training (cut near the end; it resumes from its last checkpoint, every
-#       200 iterations). GPUs 1-3, why is our baseline so far below the paper's (LV, 1 scan, seeds 0-2):
-#       Baseline [long] at the LRs 2e-5 (the paper's) and 5e-4; without flips ([longnoflip]); with the pre-training's
-#       stronger augmentation, rotation ±45°, zoom 0.8-1.3, gamma 0.5-2 ([longaug]); and Baseline [long] seeds 2 of RV/Myo.
-#   n2  all 4 GPUs: [pre10k] finishes, then its fine-tunes: 1 scan (LV seed 2, RV/Myo seeds 0-2; LV seeds 0/1 are call
-#       L's) and 2/4 scans seed 0; Baseline [long] 2/4 scans seed 0; whatever n1 left unfinished.
-#   n3  the same runners again (each resumes what is left), then everything is collected.
-#   n4  [pre10kaug]: the [pre10k] pre-training fine-tuned with T's ranges (LV seeds 0-2, RV/Myo seeds 0/1), and
-#       Baseline [longaug] for RV/Myo seeds 0/1.
-#   o1, o2, o3 (prepared for the next 4-GPU lease, not run): the acdc_paper preset at LR 1e-4, which since
-#       finetune_seg 0.3.0 is [longaug] / [pre10kaug] under their own names, for the cells those rows lack: RV/Myo
-#       seed 2 at 1 scan and 2/4 scans for 3 seeds, Baseline and the full method (20 + 20 fine-tunes, one new
-#       pre-training). o1: the pre-training on GPU 0, baselines on GPUs 1-3; o2: the full method's fine-tunes and
-#       what is left, on all 4; o3: what is left, then everything is collected. Expect o3 to be needed.
-#   p1, p2, p3 (eighth session, one nvidia-h100-x2 lease = 2 GPUs, as o1-o3 scaled down): acdc_paper at LR 1e-4,
-#       Baseline and the full method at 2 and 4 labelled scans, seeds 0 and 1 (12 + 12 fine-tunes, one pre-training),
-#       all in one work dir. p1: the pre-training on GPU 0, baselines seed 0 on GPU 1; p2: the pre-training resumes and
-#       the full method's seed-0 fine-tunes follow on GPU 0, baselines on GPU 1; p3: one runner for both rows on both GPUs.
-#   prof (ninth session): the pre-training step's profile (GPU 0) and the Mean Teacher step with and without CUDA
-#       graphs (GPU 1), each alone on its GPU.
-#   padab (ninth session, one GPU): benchmark_pretrain with MONAI's decoder pad, then with UpCatPadIfNeeded.
-#   abl (2 GPUs, about 2 calls): the alpha ablation (run by phase r), 5 pre-trainings of 5,000 iterations, 15 LV fine-tunes;
-#       ONLY="[\"*lambda_cc*\"]" or ONLY="[\"*num_clusters*\"]" for the other two.
-#   bench4 (prepared in the nineteenth session, run in the twentieth; 2 GPUs, about 3 minutes, no data): the Mean Teacher step, the
-#       cost of 0.7.0's separate teacher forwards and cuDNN autotuning, each setting twice (see the phase below).
-#   bench2 (prepared, not run; 2 GPUs, about 5 minutes): cuDNN deterministic against autotuned (benchmark_pretrain,
-#       GPU 0); meanteacher_seg in the default compile mode against CUDA graphs, 3 short epochs each (GPU 1).
-#   plan (prepared in the tenth session): PLAN=docs/results/gpu_calls/plans/NAME.json [GPUS=0,1] [JOBS=12] n.sh SECONDS plan
-#       runs a plan file (a list of grids, see tools/experiments.py run_plan) in $W/NAME; run it again until all is
-#       done. plans/s.json: the full method's LR choice at 1 scan (a 10,000-iteration pre-training, 18 fine-tunes at
-#       2e-5 / 5e-4) and the lambda_CC ablation of the full method ([pre5k], 4 pre-trainings, 12 fast fine-tunes).
-#   t (eleventh session, 4 GPUs, about 3 calls: FIRST=1 n.sh 588 t, then n.sh 588 t until all is done): plans/t.json,
-#       the full method's LR choice at 1 scan (one 10,000-iteration pre-training alone on GPU 0 in the first call,
-#       18 fine-tunes at 2e-5 / 5e-4), the lambda_CC and K ablations of the full method ([pre5k]; their shared
-#       default point is calls R's alpha = 0.5), then the baseline's LR choice at 2 and 4 scans (36 fine-tunes).
-#   u (prepared in the eleventh session, 4 GPUs, about 3 calls: FIRST=1 n.sh 588 u, then n.sh 588 u): plans/u.json, the
-#       full method at all three LRs at 1 and 2 scans from one pre-training ([onepre], 54 fine-tunes) and the
-#       baseline's 11 Myo runs at 2e-5 / 5e-4 that calls T left; about 6,400 GPU-seconds by calls T's timings.
-#   v (prepared in the eleventh session, 4 GPUs, FIRST=1 n.sh 588 v, then n.sh 588 v until done): plans/v.json, Mean
-#       Teacher and MT + Ours at the paper's length (10,000 iterations, the bundles' default augmentation), 1 scan,
-#       LV/RV/Myo, seeds 0-2, LR 1e-4; untimed at this length (the step alone: benchmark_meanteacher.py).
-#   r (tenth session, 2 GPUs, about 3 calls: run it again until all is done): the plan plans/r.json, two grids,
-#       abl's alpha ablation and the baseline's LR choice on RV at 1 scan (acdc_paper, LRs 2e-5 and 5e-4, seeds 0-2;
-#       1e-4 ran in calls N-Q). When the grid is done and more than 240 s are left: cuDNN deterministic against
-#       autotuned (benchmark_pretrain, 100 iterations), on both GPUs at once, then swapped.
+#   BIM_GIT_COMMIT=<commit> bash docs/results/gpu_calls/n.sh SECONDS PHASE
+# and issue a lease's calls back to back (each within 30 s of the last), so that the work dir /tmp/w carries over
+# and cut runs resume from their checkpoints. What each call ran and found: ../README.md (*What was run*, *Findings*)
+# and README.md beside this file; the phases' longer comments and every "As run" note before the p12c calls:
+# git show 65358d6:docs/results/gpu_calls/n.sh.
+# Phases (every run at the paper's lengths and LR 1e-4 unless named otherwise):
+#   n1-n4 (calls N), o1-o3 (prepared, never run), p1-p3 (calls P-R: acdc_paper, narrowed by SEEDS, COUNTS, LRS, ONLY,
+#       METHODS), abl (ablations; ONLY picks "*alpha*", "*lambda_cc*" or "*num_clusters*"), r (plans/r.json, then the
+#       cuDNN A/B if time is left).
+#   prof, padab, bench2, bench3, bench4, bench5: benchmarks, each described at its phase below.
+#   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
+#   t u v w x y z mt2 mt3 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -245,85 +210,13 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|rows|rows2|decdiag|decdiag2|p12)  # 4 GPUs, about 3 calls each: the plan plans/$PHASE.json. t (eleventh session): the full method's LR choice at
-  # 1 scan, the lambda_CC and K ablations, the baseline's LR choice at 2 and 4 scans. u (prepared in the eleventh
-  # session, not run): the full method at 2e-5 / 1e-4 / 5e-4 at 1 and 2 scans, all from one pre-training (tag
-  # [onepre]), and the baseline's Myo runs calls T left (2e-5 / 5e-4 at 2 and 4 scans). v (prepared, not run): Mean
-  # Teacher and MT + Ours at the paper's length, 1 scan, LV/RV/Myo, seeds 0-2, LR 1e-4 (18 runs, one pre-training).
-  # w (twelfth session): what one lease holds of u and v: Mean Teacher and MT + Ours for seed 0 at 1 scan (a Mean
-  # Teacher step is ~5x a fine-tune's), the full method's three LRs at 1 scan from the pre-training MT + Ours uses
-  # ([onepre]), then the baseline's missing Myo runs. x (prepared in the twelfth session, not run): Mean Teacher's
-  # consistency weight searched on validation, 0 / 1 / 10 (meanteacher_seg 0.4.0's L_MT), LV/RV/Myo at 1 scan, seed 0
-  # first (LV and Myo, then the BatchNorm diagnosis [labbn]: unlabelled_bn_stats false at weights 0 and 1, then RV),
-  # then seeds 1-2; no pre-training, so no FIRST; JOBS=8 (two Mean Teacher runs a GPU) keeps seed 0 ahead. Calls X
-  # (thirteenth session) ran seed 0 and LV seed 1, without gamma (meanteacher_seg < 0.5.0 dropped it). y (prepared
-  # in the thirteenth session, not run): the weight search again with meanteacher_seg 0.5.0 (gamma applied), tag
-  # [gamma]: LV seed 0 first, then [unlab] (consistency_on_labelled false, the paper's L_MT; at weight 0 the
-  # supervised step but for the running statistics) LV seed 0 at weights 0 and 1, then Myo seed 0, LV seeds 1-2, RV seeds 0-2, Myo seeds 1-2,
-  # [unlab] Myo seed 0; 31 runs, JOBS=8, no FIRST; about two leases.
-  # Calls Y (fourteenth session) ran 16 of them. z (prepared in the fourteenth session, not run; JOBS=8, no FIRST;
-  # JOBS=8 n.sh 588 z twice, then LAST=1 JOBS=8 n.sh 588 z): why did the paper's L_MT ([unlab]) beat ours on LV seed 0
-  # (calls Y: 86.1 against [gamma]'s 57.8 at weight 1)? [unlab], and [tsep] (our L_MT with the teacher's labelled and
-  # unlabelled views in separate forwards, meanteacher_seg 0.6.0's joint_teacher_batch false, as the student's are) at
-  # weight 1 for LV seeds 0-2, Myo seed 0 (and [unlab] RV seed 0), then both at weight 10 (16 runs, a lease's worth);
-  # then the rest of y (RV seeds 0-2, Myo seeds 1-2). (Its Baseline [dicece] fillers on RV were dropped: rows ran them.)
-  # The z calls (nineteenth session, 2 x H200: GPUS=0,1 JOBS=4) ran its first 8 runs (see As run below): separate
-  # teacher forwards won, meanteacher_seg 0.7.0's default. mt2 (prepared in the nineteenth session, not run; ACDC pack):
-  # Table 1's Mean Teacher with 0.7.0's teacher ([tsep], as the z calls ran it) on RV seeds 0-2 and Myo seeds 1-2,
-  # the joint forward again on LV seed 0 ([joint]: a same-machine control of the z calls' +30 there), then MT + Ours
-  # at 1 scan, LV/RV/Myo, seeds 0-2, from a new pre_full (weight 1, LR 1e-4; 16 runs), reordered in the twenty-first
-  # session, when only two-GPU kinds were lent at first: RV seeds 0-1, MT + Ours seed 0, the other seeds, the control
-  # last (on 2 GPUs: FIRST=1 JOBS=2, then JOBS=4 twice). The mt2 calls (twenty-first session, 4 x H100) ran it: see
-  # As run below.
-  # mt3 (prepared in the twenty-first session, not run; ACDC pack): Mean Teacher ([tsep]) and MT + Ours at 2 and 4
-  # scans, and the full method fine-tuned from MT + Ours's own pre-training ([samepre], so that the two compare from
-  # one pre-training), seed 0, with LV and RV at 2 scans again under CUDA graphs ([cg]: compile_mode reduce-overhead,
-  # the full-length A/B bench5 asks for), then MT + Ours Myo seed 2 at 1 scan, then seed 1 (39 runs, one pre_full).
-  # On 4 GPUs as mt2: FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3.
-  # p12 (prepared in the thirteenth session, not run; carry the PROMISE12 pack: prepare.sh promise12): PROMISE12 at
-  # the paper's lengths (promise12_paper: 20,000 pre-training iterations, 20,000 fine-tuning), Baseline and the full
-  # method at 4/6/8 scans, seeds 0-2, the paper's LR 2e-4 first, then 2e-5 and 5e-4 (55 runs). FIRST=1 n.sh 588 p12
-  # twice: the pre-training alone on GPU 0 (it resumes in the second call and should end there: ~950 s alone), the
-  # baselines on GPUs 1-3; then n.sh 588 p12 for the full method's fine-tunes (expect its 2e-5 / 5e-4 runs not to finish).
-  # The p12 calls (seventeenth session) ran the pre-training and the 27 baselines (see As run below); the plan then
-  # put the full method's 2e-5 / 5e-4 before Mean Teacher and MT + Ours (seed 0 first, then 1-2: 45 runs left). The
-  # next lease carries .carry/p12 (the results tar and pre_full's weights in float16, restored above) with .device:
-  # ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 twice, then LAST=1 ONLY='["ft_*"]' JOBS=12 WEIGHTS_OUT=pre_full n.sh 578 p12,
-  # no FIRST (the pre-training has run); Mean Teacher later, in a lease of its own (ONLY='["mt_*_s0_*"]' JOBS=6).
-  # The p12b calls (eighteenth session) did so (see As run below): the full method's 27 fine-tunes; 18 Mean Teacher
-  # runs left, from .carry/p12 as those calls' last results tar left it.
-  # rows (prepared in the fourteenth session, not run): the other Table 1 rows at the paper's lengths, IIC (Dec),
-  # Contrast (Enc) and Ours (Dec) MI+CC, 1 scan, then 2, then 4 (seeds 0-2, LR 1e-4; 3 pre-trainings, 81 fine-tunes),
-  # with Baseline [dicece] on RV after the 1-scan cells. FIRST=1 JOBS=3 n.sh 588 rows: the three pre-trainings on
-  # GPUs 0-2, one a GPU (10,000 x 10.5-12 s / 200 with the machine busy: they resume in the second call), [dicece] on
-  # GPU 3, three at a time; then n.sh 588 rows, then LAST=1 n.sh 588 rows. Expect the 1-scan cells and part of 2.
-  # The rows calls (fifteenth session) ran the 1-scan cells, [dicece] and 11 of the 2-scan runs (see As run below).
-  # rows2 (prepared in the fifteenth session, not run): the rest of rows from three new pre-trainings (the first
-  # ones were lost with the machine; after collection, python tools/experiments.py rename_pretraining CSV pre_iic_dec
-  # pre_iic_dec_rows2, and the same for the other two, renames each row and its fine-tunes' init): Ours (Dec) MI+CC and Contrast (Enc) at 2 scans (but Contrast (Enc) LV seeds 0/1, which
-  # rows ran), Baseline [dicece] for LV and Myo at 1 scan (GPU 3 in the first call), then all three rows at 4 scans
-  # (3 pre-trainings, 49 fine-tunes; expected_s 340, what 3 fine-tunes a GPU took in the rows calls).
-  # FIRST=1 JOBS=3 n.sh 588 rows2, n.sh 588 rows2, LAST=1 n.sh 578 rows2.
-  # decdiag (prepared in the fifteenth session, not run): why do Ours (Dec) MI+CC's clusters follow edges, not anatomy
-  # (the rows calls: LV cluster Dice 28.5 against the full method's 53-75)? Four 10,000-iteration pre-trainings, one a
-  # GPU: ours_mi_cc at lambda_CC 0 ([cc0]: L_MI with alpha 0.5 alone) and 1 again ([rep]: the spread between two
-  # pre-trainings of the same settings), ours_mi_cc clustering upcat_3 ([dl3]: pretrain_bim's dense_level 3, at 1/4
-  # resolution, the remedy if the skips are the shortcut), and the full method ([ctl], no fine-tunes) as the control of
-  # pretrain_bim's path_dependence.json probe, which this phase runs on each finished pre-training (how many pixels
-  # change cluster when an encoder level reaches the decoder without its spatial information: do the clusters use
-  # the deep path?); their cluster_quality.json is the first answer; then LV, RV, Myo at 1 scan, seeds 0-2, and [rep]
-  # also at the paper's LR 2e-5 (36 fine-tunes). FIRST=1 n.sh 588 decdiag (the four pre-trainings on GPUs 0-3, nothing else; the probes if time is
-  # left), n.sh 588 decdiag (the probes first, in the background), LAST=1 n.sh 578 decdiag.
-  # The decdiag calls (sixteenth session) ran it (see As run below): the skips are not the shortcut, lambda_CC and
-  # dense_level 3 change nothing. decdiag2 (prepared in the sixteenth session, not run): what, then, would make Ours
-  # (Dec)'s clusters anatomical? Four more 10,000-iteration pre-trainings, one a GPU, read first by their
-  # cluster_quality.json and probe: ours_mi_cc without gamma in T ([nogam]: gamma_range [1, 1]; its clusters look like
-  # bands parallel to the edges, which a monotone gamma leaves unchanged), with K = 10 ([k10]), with the authors' edge
-  # map ([edgeg]: |grad I|^0.75 in place of Sobel), and the full method with L_con at weight 0.1 ([con01]: how much of
-  # the meta-label signal makes the clusters anatomical?); then LV at 1 scan for all four, then RV and Myo (seeds 0-2,
-  # 36 fine-tunes). Same calls as decdiag: FIRST=1 n.sh 588 decdiag2, n.sh 588 decdiag2 (straight after, within
-  # 30 s: four pre-trainings at once took 8.4-11.2 s an epoch, so those with L_con or L_CC at full width end a few
-  # epochs into the second call, from their last checkpoint), LAST=1 n.sh 578 decdiag2.
+t|u|v|w|x|y|z|mt2|mt3|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
+  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
+  # run: mt3 (Mean Teacher, MT + Ours and [samepre] at 2 and 4 scans, [cg]: FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh
+  # 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
+  # n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher
+  # runs (carry .carry/p12: ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*"]' JOBS=4 n.sh 588 p12 twice, then
+  # LAST=1), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -390,56 +283,7 @@ tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=te
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
-# As run (commit c07971c, one nvidia-h100-x4 lease, 4 x H100): n.sh 588 n1 (564 s), n.sh 586 n2 (564 s),
-# n.sh 330 n3 (92 s), then phase n4 was added and committed after the call: n.sh 405 n4 (310 s).
-# N2 and N4 tarred the predictions of every fine-tune and went over the 16 MiB a file; N3's command narrowed them to
-# pre10k with sed, as this file now does.
-# As run (commit 8d19947, one nvidia-h100-x2 lease, 2 x H100): n.sh 588 p1 (563 s), n.sh 588 p2 (569 s; its results
-# tar went over 16 MiB and did not come back), JOBS=10 n.sh 580 p3 (460 s; the command re-made the tar without files
-# over 300 kB, as this file now does). Device time: 1,649 of 1,800 s.
-# As run (commit 0ba48f5, one nvidia-h100-x2 lease, 2 x H100; calls Q, ninth session), each call with
-#   SEEDS=2 COUNTS=1,2,4 ONLY='["pre_*", "*_n2_*", "*_n4_*", "*_rv_n1_*", "*_myo_n1_*"]':
-#   n.sh 588 p1 (564 s), JOBS=10 n.sh 588 p3 (565 s), JOBS=10 n.sh 500 p3 (85 s), timeout 370 n.sh 380 prof (177 s).
-#   Device time 1,447 s. Then, on a one-GPU lease (nvidia-h100-x1, commit f4364a9): n.sh 330 padab (237 s).
-# As run (commit 37336a7, one nvidia-h100-x4 lease, 4 x H100; calls T, eleventh session): FIRST=1 n.sh 588 t (565 s),
-#   n.sh 588 t (565 s), n.sh 578 t (556 s; 72 of 84 runs done, 11 baseline Myo runs at 2/4 scans left; its PNG tar,
-#   with the predictions of every RV run, went over 16 MiB: phase t now tars the cluster panels only). Device time
-#   1,736 of 1,800 s.
-# As run (commit ef4abfc, one nvidia-h100-x2 lease, 2 x H100; calls R, tenth session): n.sh 588 r (565 s), n.sh 588 r
-#   (455 s; all 26 runs done, too little time left for the cuDNN A/B), then the baseline's other LRs at 1 scan for LV
-#   and Myo: SEEDS=0,1,2 COUNTS=1 LRS=2e-5,5e-4 METHODS=Baseline ONLY='["*_lv_n1_*"]' JOBS=6 n.sh 420 p3 (276 s) and
-#   the same with ONLY='["*_myo_n1_*"]' and n.sh 380 (269 s). Device time 1,625 s. Phase abl's alpha grid is what r ran;
-#   abl stays for the lambda_CC and K grids (ONLY='["*lambda_cc*"]' or '["*num_clusters*"]').
-# As run (commit 993d08e, one nvidia-h100-x4 lease, 4 x H100; the rows calls, fifteenth session): FIRST=1 JOBS=3
-#   n.sh 588 rows (564 s: the three pre-trainings ended in 250 / 473 / 531 s, so none had to resume), n.sh 588 rows
-#   (565 s), LAST=1 n.sh 578 rows (366 s: the runner returned when the plan's next runs, at expected_s 420, would
-#   not have ended in time; they took 210-340 s at three a GPU, hence rows2's 340). 50 of 93 runs. Device time
-#   1,560 of 1,800 s.
-# As run (commit 0126c92, one nvidia-h100-x4 lease, 4 x H100; the decdiag calls, sixteenth session): FIRST=1 n.sh 588
-#   decdiag (564 s: [dl3] ended in 412 s, [cc0] in 514 s; [rep] and [ctl], at 9.7-11.2 s an epoch with four
-#   pre-trainings on the machine, were 3 and 5 epochs short), ONLY='["ft_pre_ours_mi_cc_cc0_*",
-#   "ft_pre_ours_mi_cc_dl3_*"]' n.sh 588 decdiag (564 s: 16 of those 18 fine-tunes, 231-384 s each, four or five a
-#   GPU; the probes of [cc0] and [dl3]), LAST=1 n.sh 578 decdiag (436 s: [rep] and [ctl] resumed from their last
-#   checkpoints and ended in 85 / 107 s, then 14 of [rep]'s fine-tunes and the two left over; [rep] Myo at 1e-4 and RV
-#   seed 2 at 1e-4 were held back by LAST), then, by hand, python tools/experiments.py probe on [rep] and [ctl] (44 s,
-#   one a GPU; the call's probes start before the runner, so they missed the two that ended in it). 36 of 40 runs.
-#   Device time 1,694 of 1,800 s.
-# As run (commit 8477523, one nvidia-h100-x4 lease, 4 x H100; the p12 calls, seventeenth session, the PROMISE12 pack):
-#   FIRST=1 n.sh 588 p12 (564 s: the pre-training alone on GPU 0 at 21-22 s an epoch of 400 iterations, 20 of 50
-#   epochs; 12 baselines on GPUs 1-3, four a GPU, cut some 50 s short), FIRST=1 n.sh 588 p12 (565 s: the 12 ended
-#   in 48-53 s, 12 more cut; the pre-training at epoch 42), ONLY='["pre_full", "ft_random_*"]' n.sh 545 p12 (385 s:
-#   the pre-training ended in 224 s and was probed, the last 15 baselines ended), then in the same call a Python line
-#   that saved pre_full's checkpoint network in float16 to $OUT (experiments.py weights does it since, from model.pt),
-#   and experiments.py probe (24 s, a no-op). 28 of then 55 runs. Device time 1,622 of 1,800 s.
-# As run (commit ec2478a, one nvidia-h100-x4 lease, 4 x H100; the p12b calls, eighteenth session, the PROMISE12 pack and
-#   .carry/p12, restored in 28 s with the data): ONLY='["ft_*"]' JOBS=12 n.sh 588 p12 (567 s: 12 fine-tunes in 465-478 s,
-#   12 more cut), the same again (566 s: those 12 in 461-479 s, 3 cut), LAST=1 ONLY='["ft_*"]' JOBS=12 n.sh 570 p12
-#   (264 s: the last 3, one a GPU, 253-261 s). The full method's 27 fine-tunes. Device time 1,457 of 1,800 s.
-# As run (commit c849b83, one nvidia-h200-x2 lease, 2 x H200, as no 4-GPU machine was lent; the z calls, nineteenth
-#   session): GPUS=0,1 JOBS=4 n.sh 575 z (551 s: [unlab] LV seeds 1-2, Myo / RV seed 0 in 484-488 s; the four [tsep]
-#   runs started), the same again (552 s: those four cut at epochs 46-48 of 50), LAST=1 GPUS=0,1 JOBS=4 n.sh 400 z
-#   (114 s: they ended, 690-715 s over three attempts; LAST held the rest) and in the same call n.sh 280 bench3
-#   (266 s). 8 of 29 runs. Device time 1,535 of 1,800 s.
+# As run: for the calls before the p12c calls see git show HASH:docs/results/gpu_calls/n.sh and ../README.md.
 # As run (commit c0effb4, one nvidia-h100-x4 lease, 4 x H100; the p12c calls, twentieth session, the PROMISE12 pack and
 #   .carry/p12, restored in 27 s): ONLY='["mt_random_prostate_n4_s0_*", "mt_random_prostate_n8_s0_*",
 #   "mt_pre_full_prostate_n4_s0_*", "mt_pre_full_prostate_n8_s0_*"]' JOBS=4 n.sh 588 p12 (565 s: the four started,
