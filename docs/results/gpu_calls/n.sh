@@ -283,7 +283,7 @@ tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=te
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
-# As run: for the calls before the p12c calls see git show HASH:docs/results/gpu_calls/n.sh and ../README.md.
+# As run: for the calls before the p12c calls see git show 65358d6:docs/results/gpu_calls/n.sh and ../README.md.
 # As run (commit c0effb4, one nvidia-h100-x4 lease, 4 x H100; the p12c calls, twentieth session, the PROMISE12 pack and
 #   .carry/p12, restored in 27 s): ONLY='["mt_random_prostate_n4_s0_*", "mt_random_prostate_n8_s0_*",
 #   "mt_pre_full_prostate_n4_s0_*", "mt_pre_full_prostate_n8_s0_*"]' JOBS=4 n.sh 588 p12 (565 s: the four started,
