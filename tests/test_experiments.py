@@ -108,6 +108,58 @@ def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
     sizes = sorted(((f.stat().st_size, f.relative_to(ROOT).as_posix()) for f in files if f.is_file()), reverse=True)
     assert sum(s for s, _ in sizes) < 2_500_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
 
+def test_a_later_lease_skips_the_runs_its_earlier_leases_collected(tmp_path, monkeypatch):
+    # a plan's second lease starts on a fresh machine: what the first collected (its committed CSV) must not run again,
+    # and a pre-training runs again only while a run that needs it is left
+    plan = ROOT / "docs" / "results" / "gpu_calls" / "plans" / "mt3.json"
+    grid = ex.build_plan(plan, "/d", tmp_path)
+    first = [r.name for r in grid[1:7]]  # the six random-init [tsep] runs at seed 0
+
+    def csv_of(names, path):
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["name", "kind", "init", "test_dice"])
+            w.writeheader()
+            w.writerows({"name": n, "kind": "meanteacher", "init": "random", "test_dice": "0.5"} for n in names)
+        return str(path)
+
+    lease1 = csv_of(first, tmp_path / "lease1.csv")
+    left = ex.drop_collected(grid, [lease1])
+    assert [r.name for r in left] == [r.name for r in grid if r.name not in first] and left[0].name == "pre_full"
+    # every run that needs the pre-training collected too (in a second CSV): the pre-training goes as well
+    needs_pre = [r.name for r in grid if r.depends]
+    lease2 = csv_of(needs_pre, tmp_path / "lease2.csv")
+    left = ex.drop_collected(grid, f"{lease1},{lease2}")
+    assert left and all(r.kind == "meanteacher" and not r.depends for r in left)
+    assert not set(first) & {r.name for r in left}
+    assert ex.drop_collected(grid, None) == grid
+    # through run_plan: collected runs are left out before --only narrows, so a first call's pre-training runner
+    # (--only pre_full) gets nothing once every run that needs the pre-training is collected
+    seen = {}
+    monkeypatch.setattr(ex, "run_grid", lambda g, w, jobs, log, gpus, finish_by: seen.update(names=[r.name for r in g])
+                        or {"skipped_existing": 0, "done": 0, "failed": 0, "skipped_dependency": 0})
+    ex.CLI().run_plan(str(plan), "/d", str(tmp_path / "w"), skip_collected=[lease1])
+    assert seen["names"] == [r.name for r in grid if r.name not in first]
+    ex.CLI().run_plan(str(plan), "/d", str(tmp_path / "w"), only=["pre_full"], skip_collected=[lease1, lease2])
+    assert seen["names"] == []
+    # bad input: one clear error naming the file
+    with pytest.raises(ex.ExperimentError, match="nope.csv: no such results CSV"):
+        ex.drop_collected(grid, [str(tmp_path / "nope.csv")])
+    (tmp_path / "bad.csv").write_text("run,test_dice\nx,0.5\n")
+    with pytest.raises(ex.ExperimentError, match="bad.csv: expected a results CSV with a name column"):
+        ex.drop_collected(grid, [str(tmp_path / "bad.csv")])
+
+
+def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):
+    bin_dir, calls = _stand_in_bin(tmp_path, 4)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    csv_path = "docs/results/acdc_paper_length/results_calls_mt2.csv"
+    done = _run_n_sh(tmp_path, bin_dir, 100, "mt3", SKIP_COLLECTED=f'["{csv_path}"]')
+    assert done.returncode == 0 and "phase mt3 ended" in done.stdout
+    runner = [line for line in calls.read_text().splitlines() if " run_plan " in f" {line} "]
+    assert len(runner) == 1 and runner[0].endswith(f'--skip_collected ["{csv_path}"]')
+
+
 @pytest.mark.parametrize("plan", sorted((ROOT / "docs" / "results" / "gpu_calls" / "plans").glob("*.json")), ids=lambda p: p.name)
 def test_the_committed_gpu_plans_build(plan, tmp_path):
     # a plan that fails to build would cost a GPU call to find out; u.json: one pre-training for all 54 [onepre] runs

@@ -253,6 +253,30 @@ def narrow_runs(grid: list[Run], only) -> list[Run]:
     return [r for r in grid if r in keep or r.name in needed]
 
 
+def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
+    """``grid`` without the runs already collected, by name, in ``csv_paths`` (results CSVs of earlier GPU leases,
+    written by ``collect``), so that a later lease of a plan runs only what is missing. A pre-training stays while a
+    remaining run needs it, and goes when every run that needed it is collected; ``csv_paths`` None keeps the grid."""
+    if not csv_paths:
+        return grid
+    collected: set[str] = set()
+    for p in _as_tuple(csv_paths, str):
+        path = Path(p)
+        if not path.is_file():
+            raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if "name" not in (reader.fieldnames or []):
+                raise ExperimentError(f"{path}: expected a results CSV with a name column, got columns "
+                                      f"{reader.fieldnames}")
+            collected |= {row["name"] for row in reader}
+    remaining = [r for r in grid if r.kind == "pretrain" or r.name not in collected]
+    needed = {d for r in remaining for d in r.depends}
+    had_dependants = {d for r in grid for d in r.depends}
+    return [r for r in remaining if r.kind != "pretrain" or r.name in needed
+            or (r.name not in collected and r.name not in had_dependants)]
+
+
 def _as_tuple(value, cast, names: bool = False) -> tuple | None:
     """A command-line value (one item, a list, or a comma/space-separated string; ``names``: comma-separated
     only, since method names contain spaces) as a tuple of ``cast`` items."""
@@ -1001,19 +1025,20 @@ class CLI:
         self._execute(preset, build_grid(preset, dataset_dir, work_dir, **narrow), work_dir, jobs, gpus)
 
     def run_plan(self, plan, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None,
-                 dry_run: bool = False, only=None, finish_by: float | None = None) -> None:
+                 dry_run: bool = False, only=None, finish_by: float | None = None, skip_collected=None) -> None:
         """Execute several grids as one (see :func:`build_plan`): ``plan`` is a JSON file (or list) of grids, each
         ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
         ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs.
         ``finish_by``: seconds from now by which the runner must be done (the last call of a GPU lease, whose cut runs
         are lost with the machine): a fresh run of a grid with ``expected_s`` starts only if it should end in time,
-        and a later, shorter one may take its slot (see :func:`run_grid`)."""
+        and a later, shorter one may take its slot (see :func:`run_grid`). ``skip_collected``: results CSVs of earlier
+        leases (``'["docs/results/X/results_calls_Y.csv"]'``) whose runs are left out (see :func:`drop_collected`)."""
         try:  # fire gives --dry_run false as the string 'false', which is truthy
             require_flags({"dry_run": dry_run})
         except ValueError as e:
             raise ExperimentError(str(e)) from None
-        grid = build_plan(plan, dataset_dir, work_dir, only)
+        grid = narrow_runs(drop_collected(build_plan(plan, dataset_dir, work_dir), skip_collected), only)
         if dry_run:
             for r in grid:
                 print(f"{r.name}\t{r.kind}\t{json.dumps(r.meta)}")
