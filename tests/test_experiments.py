@@ -147,6 +147,16 @@ def test_a_later_lease_skips_the_runs_its_earlier_leases_collected(tmp_path, mon
     (tmp_path / "bad.csv").write_text("run,test_dice\nx,0.5\n")
     with pytest.raises(ex.ExperimentError, match="bad.csv: expected a results CSV with a name column"):
         ex.drop_collected(grid, [str(tmp_path / "bad.csv")])
+    assert ex.drop_collected(grid, f"[{lease1}, {lease2}]") == left  # fire's string form of an unquoted list
+    # on the command line: one line that names the file, exit status 2, no traceback
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "experiments.py"), "run_plan", str(plan),
+                           "--dataset_dir", "/d", "--work_dir", str(tmp_path / "w"), "--dry_run", "True",
+                           "--skip_collected", str(tmp_path / "nope.csv")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"experiments.py: {tmp_path / 'nope.csv'}: no such results CSV "
+                                                "(skip_collected expects CSVs written by collect)"]
 
 
 def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):

@@ -260,7 +260,8 @@ def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
     if not csv_paths:
         return grid
     collected: set[str] = set()
-    for p in _as_tuple(csv_paths, str):
+    listed = isinstance(csv_paths, str) and csv_paths.startswith("[")  # fire keeps "[a.csv, b.csv]" a string
+    for p in (_path_list(csv_paths) if listed else _as_tuple(csv_paths, str)):
         path = Path(p)
         if not path.is_file():
             raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
@@ -1154,7 +1155,11 @@ def main() -> None:
     import fire
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    fire.Fire(CLI)
+    try:
+        fire.Fire(CLI)
+    except ExperimentError as e:  # bad input: one line that names the file or key, not a traceback
+        print(f"experiments.py: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
