@@ -215,8 +215,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
-  # run: mt3 (Mean Teacher, MT + Ours and [samepre] at 2 and 4 scans, [cg]: FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh
-  # 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
+  # run: mt3's second lease (seeds 1-2; every call with SKIP_COLLECTED='["docs/results/acdc_paper_length/
+  # results_calls_mt3.csv"]': FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
   # n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher
   # runs (carry .carry/p12: ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*"]' JOBS=4 n.sh 588 p12 twice, then
   # LAST=1), and what u, v and z left.
@@ -297,3 +297,7 @@ exit 0
 #   FIRST=1 JOBS=6 n.sh 588 mt2 (565 s: pre_full alone on GPU 0 in 484 s; the six random-init runs on GPUs 1-3, two a
 #   GPU, cut), JOBS=8 n.sh 588 mt2 (566 s: those ended in 89-125 s; MT + Ours started, cut), LAST=1 JOBS=8 n.sh 578 mt2
 #   (235 s: the eight ended; MT + Ours Myo seed 2 held). Device time 1,439 of 1,800 s.
+# As run (commit 0485f11, one nvidia-h100-x4 lease, 4 x H100; the mt3 calls, twenty-second session, the ACDC pack):
+#   FIRST=1 JOBS=6 n.sh 588 mt3 (565 s: pre_full alone on GPU 0, cut 42 s short; the six [tsep] runs, two a GPU, cut),
+#   JOBS=8 n.sh 588 mt3 (566 s: those ended in 261-277 s; [cg] and MT + Ours seed 0 started, cut), LAST=1 JOBS=8
+#   n.sh 578 mt3 (514 s: the eight ended, [samepre] LV 2 / 4 in 221 s; 23 runs held). Device time 1,701 of 1,800 s.
