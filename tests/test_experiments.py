@@ -279,6 +279,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         collected = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt3.csv"
         left = ex.drop_collected(grid, [str(collected)])
         assert [r.name for r in left] == ["pre_full"] + names[17:]
+    if plan.name == "mt4.json":  # seed 2 at 2 and 4 scans: Mean Teacher for the first call's GPUs 1-3, then what
+        # waits for pre_full (MT + Ours and [samepre] from one pre-training, which must end in the lease)
+        assert len(grid) == 19 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {2}
+        assert [bool(r.depends) for r in grid[1:]] == [False] * 6 + [True] * 12
+        assert [r.meta["method"] for r in grid[1:]] == ["Mean Teacher [tsep]"] * 6 + ["MT + Ours"] * 6 + [
+            "Contrast (Enc) + Ours (Dec) [samepre]"] * 6
+        assert [r.expected_s for r in grid[1:]] == [560] * 12 + [260] * 6
+        assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4}
+        mt3 = {r.name for r in ex.build_plan(plan.parent / "mt3.json", "/d", tmp_path)}
+        assert not {r.name for r in grid[1:]} & mt3
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
@@ -1271,6 +1281,8 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                                                ("0", "mt2.json", "--gpus 1 --jobs 2 --only [\"mt_random_*\"]")]),
     ("mt3", {"JOBS": "6"}, [("0", "mt3.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                             ("1,2,3", "mt3.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
+    ("mt4", {"JOBS": "6"}, [("0", "mt4.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                            ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch
