@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -157,6 +158,23 @@ def test_a_later_lease_skips_the_runs_its_earlier_leases_collected(tmp_path, mon
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"experiments.py: {tmp_path / 'nope.csv'}: no such results CSV "
                                                 "(skip_collected expects CSVs written by collect)"]
+
+
+def test_n_sh_cgsmoke_runs_every_semi_supervised_method_once_and_reports_each(tmp_path):
+    # meanteacher_seg's CUDA-graph default was measured at full length for mean_teacher only: the phase runs each of
+    # its methods (configs/variants) briefly on one GPU and reports its exit status and validation Dice
+    bin_dir, calls = _stand_in_bin(tmp_path, 1, prints="Epoch[1] Metrics -- val_mean_dice: 0.5000")
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    done = _run_n_sh(tmp_path, bin_dir, 100, "cgsmoke")
+    assert done.returncode == 0, done.stderr
+    variants = sorted(p.stem for p in (ROOT / "bundles" / "meanteacher_seg" / "configs" / "variants").glob("*.json"))
+    assert len(variants) == 7 and "mean_teacher" in variants
+    bundle_calls = [line for line in calls.read_text().splitlines() if "monai.bundle run" in line]
+    assert sorted(re.search(r"variants/(\w+)\.json", c).group(1) for c in bundle_calls) == variants
+    assert all("--epochs 1 --iters_per_epoch 40" in c and "--compile_mode" not in c for c in bundle_calls)  # the default
+    report = (tmp_path / "out" / "cgsmoke.log").read_text()
+    assert sorted(re.findall(r"cgsmoke (\w+): rc 0 at \d+ s; val_mean_dice: 0.5000", report)) == variants
 
 
 def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):

@@ -11,7 +11,7 @@
 #   n1-n4 (calls N), o1-o3 (prepared, never run), p1-p3 (calls P-R: acdc_paper, narrowed by SEEDS, COUNTS, LRS, ONLY,
 #       METHODS), abl (ablations; ONLY picks "*alpha*", "*lambda_cc*" or "*num_clusters*"), r (plans/r.json, then the
 #       cuDNN A/B if time is left).
-#   prof, padab, bench2, bench3, bench4, bench5: benchmarks, each described at its phase below.
+#   prof, padab, bench2, bench3, bench4, bench5: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   t u v w x y z mt2 mt3 mt4 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
@@ -187,6 +187,20 @@ bench5)  # twenty-first session, one GPU, the ACDC pack: bench2's open question 
     echo "meanteacher_seg compile_mode $mode: rc $? at $(( T - $(left) )) s"
     grep -hE "Complete. Time taken|Key metric|Error|error" /tmp/w/mt_$mode.log | tail -n 8
   done 2>&1 | tee $OUT/bench5.log
+  exit 0 ;;
+cgsmoke)  # prepared in the twenty-second session, one GPU, the ACDC pack, about 3 minutes: meanteacher_seg 0.7.2 runs
+  # under CUDA graphs by default, measured at full length for mean_teacher only (the mt3 calls' [cg]). Each of its
+  # seven methods (configs/variants), all at once on the one GPU: LV, 1 scan, one epoch of 40 iterations and its
+  # validation in the default (CUDA-graph) mode. A method passes if the bundle exits 0 with a finite validation Dice.
+  for v in bundles/meanteacher_seg/configs/variants/*.json; do
+    m=$(basename $v .json)
+    (timeout $(( $(left) - 15 )) python -m monai.bundle run --config_file "['bundles/meanteacher_seg/configs/train.json','$v']" \
+       --dataset_dir $D --task lv --labelled_scans 1 --epochs 1 --iters_per_epoch 40 --warmup_epochs 0 --rampup_epochs 1 \
+       --progress_bar False --output_dir $TW/cg_$m > $TW/cg_$m.log 2>&1
+     echo "cgsmoke $m: rc $? at $(( T - $(left) )) s; $(grep -hoE 'val_mean_dice: [0-9.naNinf]+' $TW/cg_$m.log | tail -n 1)") &
+  done 2>&1 | tee $OUT/cgsmoke.log
+  wait; sleep 1; for v in bundles/meanteacher_seg/configs/variants/*.json; do m=$(basename $v .json)
+    grep -hE "Error|error|overwritten" $TW/cg_$m.log | tail -n 3 | sed "s/^/$m: /"; done | tee -a $OUT/cgsmoke.log
   exit 0 ;;
 bench2)  # prepared in the ninth session, not run. GPU 0: the pre-training step with cuDNN's deterministic algorithms
   # (the bundles' default) against its autotuner. GPU 1: meanteacher_seg (LV, 1 scan, 3 x 100 iterations with
