@@ -456,6 +456,10 @@ def test_runner_records_skips_finished_runs_and_skips_dependants_of_failures(tmp
     record = json.loads((tmp_path / "runs" / "pre_ok" / "run.json").read_text())
     assert record["status"] == "done" and record["commit"] and record["gpu"] and record["wall_s"] >= 0
     assert record["commands"][0].startswith(sys.executable)
+    # the bundle's version, so that a CSV tells runs apart across a change of a bundle's defaults
+    pretrain_meta = json.loads((ROOT / "bundles" / "pretrain_bim" / "configs" / "metadata.json").read_text())
+    assert record["bundle_version"] == pretrain_meta["version"]
+    assert ex.bundle_version("no such kind") is None
     failed = json.loads((tmp_path / "runs" / "pre_bad" / "run.json").read_text())
     assert failed["status"] == "failed" and failed["returncode"] == 3
     assert not (tmp_path / "runs" / "pre_bad" / "result.json").exists()
@@ -927,6 +931,9 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
     for r in seg:
         assert 0.0 <= float(r["test_dice"]) <= 1.0 and int(r["test_scans"]) > 0
         assert r["command"].startswith("python -m monai.bundle run") and r["commit"] and r["preset"] == "smoke"
+        bundle = {"finetune": "finetune_seg", "meanteacher": "meanteacher_seg"}[r["kind"]]
+        version = json.loads((ROOT / "bundles" / bundle / "configs" / "metadata.json").read_text())["version"]
+        assert r["bundle_version"] == version  # meanteacher_seg 0.7.2: CUDA graphs by default
         recorded = json.loads((work / "runs" / r["name"] / "run.json").read_text())["commands"][0]
         assert r["command"] == ex.portable_command(recorded) and "--output_dir RUN" in r["command"]
     # beside it, the Dice of every test scan of every segmentation run, whose mean is the run's test Dice

@@ -483,6 +483,23 @@ def _git_commit() -> str:
         return "unknown"
 
 
+BUNDLE_OF_KIND = {"pretrain": "pretrain_bim", "finetune": "finetune_seg", "meanteacher": "meanteacher_seg"}
+
+
+def bundle_version(kind: str) -> str | None:
+    """The ``version`` in ``configs/metadata.json`` of the bundle that runs of ``kind`` train with, recorded with each
+    run, so that a CSV shows which defaults a run had when a bundle's default changes between leases (e.g.
+    ``meanteacher_seg`` 0.7.2's CUDA graphs); None for a kind without a bundle or a metadata file without one."""
+    bundle = BUNDLE_OF_KIND.get(kind)
+    meta = ROOT / "bundles" / str(bundle) / "configs" / "metadata.json"
+    if bundle is None or not meta.is_file():
+        return None
+    try:
+        return json.loads(meta.read_text()).get("version")
+    except json.JSONDecodeError as e:
+        raise ExperimentError(f"{meta}: not valid JSON ({e})") from None
+
+
 def _gpu_name() -> str:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -653,7 +670,8 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     # wall_s_all_attempts adds the earlier ones (None when one of them was killed before it could record its time)
     previous = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     record = {"name": run.name, "kind": run.kind, "meta": run.meta, "commands": [shlex.join(c) for c in run.commands],
-              "commit": _git_commit(), "gpu": _gpu_name(), "host": os.uname().nodename, "status": "running",
+              "commit": _git_commit(), "bundle_version": bundle_version(run.kind), "gpu": _gpu_name(),
+              "host": os.uname().nodename, "status": "running",
               "cuda_visible_devices": (env or os.environ).get("CUDA_VISIBLE_DEVICES"),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "attempt": int(previous.get("attempt", 0)) + 1,
               "earlier_attempts_started": previous.get("earlier_attempts_started", []) + (
@@ -676,7 +694,8 @@ def execute(run: Run, work_dir, env: dict | None = None) -> dict:
     record["wall_s_all_attempts"] = None if None in earlier else round(record["wall_s"] + sum(earlier), 1)
     result = {**result_of(run, out), "wall_s": record["wall_s"], "wall_s_all_attempts": record["wall_s_all_attempts"],
               "attempt": record["attempt"],
-              "commit": record["commit"], "gpu": record["gpu"], "command": record["commands"][0]}
+              "commit": record["commit"], "bundle_version": record["bundle_version"], "gpu": record["gpu"],
+              "command": record["commands"][0]}
     atomic_write_json(record, out / "run.json")
     atomic_write_json(result, out / "result.json")
     return result
@@ -926,7 +945,7 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
         raise ExperimentError(f"{work}: no runs/*/result.json yet (run the grid first)")
     keys = ["name", "kind", "preset", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
             "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
-            "wall_s_all_attempts", "attempt", "gpu", "commit", "panel", "command"]
+            "wall_s_all_attempts", "attempt", "gpu", "commit", "bundle_version", "panel", "command"]
     for row in rows:
         if row.get("kind") == "pretrain":
             row.update(path_dependence_columns(work / "runs" / row["name"]))
