@@ -307,6 +307,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4}
         mt3 = {r.name for r in ex.build_plan(plan.parent / "mt3.json", "/d", tmp_path)}
         assert not {r.name for r in grid[1:]} & mt3
+    if plan.name == "mtlr.json":  # fairness for Mean Teacher: its other two LRs at 1 scan (1e-4 ran in z and mt2),
+        # and MT + Ours at all three from one pre-training ([onepre], as the full method's), so that the LR chosen on
+        # validation does not mix pre-trainings
+        assert len(grid) == 16 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {0}
+        assert [bool(r.depends) for r in grid[1:]] == [False] * 6 + [True] * 9
+        assert {r.meta["lr"] for r in grid[1:7]} == {2e-5, 5e-4} and {r.meta["lr"] for r in grid[7:]} == {2e-5, 1e-4, 5e-4}
+        assert {r.meta["method"] for r in grid[7:]} == {"MT + Ours [onepre]"} and {r.meta["labelled_scans"] for r in grid[1:]} == {1}
+        with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt2.csv", newline="") as f:
+            assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid[1:]}  # new names only
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
@@ -1308,6 +1317,8 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                             ("1,2,3", "mt3.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
     ("mt4", {"JOBS": "6"}, [("0", "mt4.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                             ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
+    ("mtlr", {"JOBS": "6"}, [("0", "mtlr.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+                             ("1,2,3", "mtlr.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch

@@ -13,7 +13,7 @@
 #       cuDNN A/B if time is left).
 #   prof, padab, bench2, bench3, bench4, bench5: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
-#   t u v w x y z mt2 mt3 mt4 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
+#   t u v w x y z mt2 mt3 mt4 mtlr rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -227,11 +227,11 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
   # run: mt3's second lease (seed 1; every call with SKIP_COLLECTED='["docs/results/acdc_paper_length/
   # results_calls_mt3.csv"]': FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), mt4
-  # (seed 2 at 2 and 4 scans, the same calls), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
+  # (seed 2 at 2 and 4 scans, the same calls), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
   # n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher
   # runs (carry .carry/p12: ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*"]' JOBS=4 n.sh 588 p12 twice, then
   # LAST=1), and what u, v and z left.
@@ -243,7 +243,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usua
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  [ $PHASE = v ] || [ $PHASE = mt2 ] || [ $PHASE = mt3 ] || [ $PHASE = mt4 ] && REST=${REST:-'["mt_random_*"]'}
+  [ $PHASE = v ] || [ $PHASE = mt2 ] || [ $PHASE = mt3 ] || [ $PHASE = mt4 ] || [ $PHASE = mtlr ] && REST=${REST:-'["mt_random_*"]'}
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
