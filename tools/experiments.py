@@ -483,16 +483,17 @@ def _git_commit() -> str:
         return "unknown"
 
 
-BUNDLE_OF_KIND = {"pretrain": "pretrain_bim", "finetune": "finetune_seg", "meanteacher": "meanteacher_seg"}
+TRAIN_CONFIG_OF_KIND = {"pretrain": PRETRAIN_TRAIN, "finetune": FINETUNE_TRAIN, "meanteacher": MT_TRAIN}
 
 
 def bundle_version(kind: str) -> str | None:
     """The ``version`` in ``configs/metadata.json`` of the bundle that runs of ``kind`` train with, recorded with each
     run, so that a CSV shows which defaults a run had when a bundle's default changes between leases (e.g.
     ``meanteacher_seg`` 0.7.2's CUDA graphs); None for a kind without a bundle or a metadata file without one."""
-    bundle = BUNDLE_OF_KIND.get(kind)
-    meta = ROOT / "bundles" / str(bundle) / "configs" / "metadata.json"
-    if bundle is None or not meta.is_file():
+    if kind not in TRAIN_CONFIG_OF_KIND:
+        return None
+    meta = (ROOT / TRAIN_CONFIG_OF_KIND[kind]).with_name("metadata.json")
+    if not meta.is_file():
         return None
     try:
         return json.loads(meta.read_text()).get("version")

@@ -231,10 +231,11 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase,
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
   # run: mt3's second lease (seed 1; every call with SKIP_COLLECTED='["docs/results/acdc_paper_length/
   # results_calls_mt3.csv"]': FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), mt4
-  # (seed 2 at 2 and 4 scans, the same calls), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1
-  # n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher
-  # runs (carry .carry/p12: ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*"]' JOBS=4 n.sh 588 p12 twice, then
-  # LAST=1), and what u, v and z left.
+  # (seed 2 at 2 and 4 scans, the same calls), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
+  # experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher runs (carry .carry/p12: eight
+  # runs, two a GPU under CUDA graphs, JOBS=8 n.sh 588 p12 twice, then LAST=1; ../README.md, Next steps 6), and what
+  # u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -243,7 +244,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase,
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  [ $PHASE = v ] || [ $PHASE = mt2 ] || [ $PHASE = mt3 ] || [ $PHASE = mt4 ] || [ $PHASE = mtlr ] && REST=${REST:-'["mt_random_*"]'}
+  case $PHASE in v|mt2|mt3|mt4|mtlr) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
