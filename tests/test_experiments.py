@@ -297,13 +297,17 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         collected = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt3.csv"
         left = ex.drop_collected(grid, [str(collected)])
         assert [r.name for r in left] == ["pre_full"] + names[17:]
+        # after the mt3b calls nothing is left, the pre-training included
+        assert ex.drop_collected(grid, [str(collected), str(collected.with_name("results_calls_mt3b.csv"))]) == []
     if plan.name == "mt4.json":  # seed 2 at 2 and 4 scans: Mean Teacher for the first call's GPUs 1-3, then what
         # waits for pre_full (MT + Ours and [samepre] from one pre-training, which must end in the lease)
-        assert len(grid) == 19 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {2}
-        assert [bool(r.depends) for r in grid[1:]] == [False] * 6 + [True] * 12
+        # then [samepre]'s other two LRs, the LR choice from one pre-training (the mt3b calls ran seed 1's)
+        assert len(grid) == 31 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {2}
+        assert [bool(r.depends) for r in grid[1:]] == [False] * 6 + [True] * 24
         assert [r.meta["method"] for r in grid[1:]] == ["Mean Teacher [tsep]"] * 6 + ["MT + Ours"] * 6 + [
-            "Contrast (Enc) + Ours (Dec) [samepre]"] * 6
-        assert [r.expected_s for r in grid[1:]] == [560] * 12 + [260] * 6
+            "Contrast (Enc) + Ours (Dec) [samepre]"] * 18
+        assert [r.expected_s for r in grid[1:]] == [560] * 12 + [260] * 6 + [300] * 12
+        assert [r.meta["lr"] for r in grid[13:19]] == [1e-4] * 6 and {r.meta["lr"] for r in grid[19:]} == {2e-5, 5e-4}
         assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4}
         mt3 = {r.name for r in ex.build_plan(plan.parent / "mt3.json", "/d", tmp_path)}
         assert not {r.name for r in grid[1:]} & mt3

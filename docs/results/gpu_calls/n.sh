@@ -229,9 +229,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
-  # run: mt3's second lease (seed 1; every call with SKIP_COLLECTED='["docs/results/acdc_paper_length/
-  # results_calls_mt3.csv"]': FIRST=1 JOBS=6 n.sh 588 mt3, JOBS=8 n.sh 588 mt3, LAST=1 JOBS=8 n.sh 578 mt3), mt4
-  # (seed 2 at 2 and 4 scans, the same calls), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # run: mt4 (seed 2 at 2 and 4 scans, then [samepre]'s other LRs: FIRST=1 JOBS=6 n.sh 588 mt4, JOBS=8 n.sh 588 mt4,
+  # LAST=1 JOBS=8 n.sh 578 mt4), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
   # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
   # experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher runs (carry .carry/p12: eight
   # runs, two a GPU under CUDA graphs, JOBS=8 n.sh 588 p12 twice, then LAST=1; ../README.md, Next steps 6), and what
@@ -317,3 +316,8 @@ exit 0
 #   FIRST=1 JOBS=6 n.sh 588 mt3 (565 s: pre_full alone on GPU 0, cut 42 s short; the six [tsep] runs, two a GPU, cut),
 #   JOBS=8 n.sh 588 mt3 (566 s: those ended in 261-277 s; [cg] and MT + Ours seed 0 started, cut), LAST=1 JOBS=8
 #   n.sh 578 mt3 (514 s: the eight ended, [samepre] LV 2 / 4 in 221 s; 23 runs held). Device time 1,701 of 1,800 s.
+# As run (commit a69c78c, one nvidia-h100-x4 lease that came as 4 x H200; the mt3b calls, twenty-third session, the
+#   ACDC pack; each with SKIP_COLLECTED='["docs/results/acdc_paper_length/results_calls_mt3.csv"]'): FIRST=1 JOBS=6
+#   n.sh 588 mt3 (540 s: pre_full in 488 s, the six [tsep] in 520-527 s), JOBS=8 n.sh 588 mt3 (565 s: MT + Ours in
+#   480-488 s, three [samepre] cut), LAST=1 JOBS=8 n.sh 370 mt3 then n.sh 200 cgsmoke in one call (209 s), and by hand
+#   run_plan of [samepre] seed 1 at 2e-5 / 5e-4 in /tmp/w/n/mt3 (267 s; ../README.md, *The mt3b calls*). 1,675 s.
