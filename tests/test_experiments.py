@@ -311,6 +311,9 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4}
         mt3 = {r.name for r in ex.build_plan(plan.parent / "mt3.json", "/d", tmp_path)}
         assert not {r.name for r in grid[1:]} & mt3
+        # the mt4 calls ran it all in one lease: nothing is left, the pre-training included
+        mt4_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt4.csv"
+        assert ex.drop_collected(grid, [str(mt4_csv)]) == []
     if plan.name == "mtlr.json":  # fairness for Mean Teacher: its other two LRs at 1 scan (1e-4 ran in z and mt2),
         # and MT + Ours at all three from one pre-training ([onepre], as the full method's), so that the LR chosen on
         # validation does not mix pre-trainings

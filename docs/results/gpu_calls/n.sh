@@ -228,9 +228,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
-  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Prepared, not
-  # run: mt4 (seed 2 at 2 and 4 scans, then [samepre]'s other LRs: FIRST=1 JOBS=6 n.sh 588 mt4, JOBS=8 n.sh 588 mt4,
-  # LAST=1 JOBS=8 n.sh 578 mt4), mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4 (seed 2 at
+  # 2 and 4 scans, then [samepre]'s other LRs: as run below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
   # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
   # experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher runs (carry .carry/p12: eight
   # runs, two a GPU under CUDA graphs, JOBS=8 n.sh 588 p12 twice, then LAST=1; ../README.md, Next steps 6), and what
@@ -321,3 +320,7 @@ exit 0
 #   n.sh 588 mt3 (540 s: pre_full in 488 s, the six [tsep] in 520-527 s), JOBS=8 n.sh 588 mt3 (565 s: MT + Ours in
 #   480-488 s, three [samepre] cut), LAST=1 JOBS=8 n.sh 370 mt3 then n.sh 200 cgsmoke in one call (209 s), and by hand
 #   run_plan of [samepre] seed 1 at 2e-5 / 5e-4 in /tmp/w/n/mt3 (267 s; ../README.md, *The mt3b calls*). 1,675 s.
+# As run (commit 41875a3, one nvidia-h100-x4 lease, 4 x H100; the mt4 calls, twenty-fourth session, the ACDC pack):
+#   FIRST=1 JOBS=6 n.sh 588 mt4 (566 s: pre_full in 543 s; the six [tsep], two a GPU, cut near their end), JOBS=8
+#   n.sh 588 mt4 (565 s: [tsep] ended, MT + Ours LV in 528-539 s, four cut), LAST=1 JOBS=12 n.sh 578 mt4 (393 s: all
+#   30 runs done, the LR grid three a GPU in 160-270 s). Device time 1,597 of 1,800 s.
