@@ -1428,6 +1428,9 @@ def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
     # k10 (the stand-in writes no JSON, so the second pass probes it again: on the GPU its JSON would exist by then)
     assert [p for _, p in probes if p == "pre_full_con01/"] == ["pre_full_con01/"]
     assert all(i > runner[0] for i, p in probes if p == "pre_full_con01/") and probes[0][1] == "pre_ours_mi_cc_k10/"
+    # then the unfinished runs' progress, so that the lease's next call can be narrowed before it starts
+    progress = [i for i, x in enumerate(lines) if x.endswith(f" progress {tmp_path / 'w' / 'n' / 'decdiag2'}")]
+    assert len(progress) == 1 and progress[0] > runner[0] and "-- unfinished runs" in done.stdout
 
 
 def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
@@ -1523,6 +1526,33 @@ def test_cast_weights_round_trips_a_checkpoint_through_float16(tmp_path):
                                                  r"\(largest magnitude 1e\+06\); keep it in float32"):
         ex.cast_weights(tmp_path / "big.pt", tmp_path / "x.pt", "float16")
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_run_progress_counts_epochs_over_attempts_without_their_compiling_first_epochs(tmp_path, capsys):
+    # a lease's next call is narrowed to the runs that can end in it: each unfinished run's last epoch, the median
+    # epoch (training + validation) without each attempt's first, compiling one, and the seconds left
+    def epoch(engine, k, seconds):
+        return f"2026-11-27 17:00:00,000 - ignite.engine.engine.{engine} - INFO - Epoch[{k}] Complete. Time taken: 00:00:{seconds:06.3f}"
+
+    cmd = "+ python -m monai.bundle run --config_file x.json --epochs 50 --iters_per_epoch 400"
+    first = [cmd, epoch("SemiSupervisedTrainer", 1, 40.0), epoch("SupervisedEvaluator", 1, 5.0)]
+    first += [line for k in range(2, 21) for line in (epoch("SemiSupervisedTrainer", k, 20.0),
+                                                      epoch("SupervisedEvaluator", k, 1.0))]
+    second = [cmd, epoch("SemiSupervisedTrainer", 21, 50.0), epoch("SupervisedEvaluator", 1, 9.0),
+              epoch("SemiSupervisedTrainer", 22, 22.0), epoch("SupervisedEvaluator", 2, 1.0)]
+    runs = tmp_path / "runs"
+    for name, lines in (("mt_a", first + second), ("mt_b", [cmd]), ("ft_done", first)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "log.txt").write_text("\n".join(lines) + "\n")
+    (runs / "ft_done" / "result.json").write_text("{}")
+    (runs / "pre_waiting").mkdir()  # not started: no log
+    assert ex.run_progress(tmp_path) == [
+        {"name": "mt_a", "epoch": 22, "epochs": 50, "epoch_s": 21.0, "left_s": 588.0},
+        {"name": "mt_b", "epoch": 0, "epochs": 50, "epoch_s": None, "left_s": None}]
+    ex.CLI().progress(str(tmp_path))
+    assert "mt_a: epoch 22 of 50, 21.0 s an epoch, 588.0 s left" in capsys.readouterr().out
+    with pytest.raises(ex.ExperimentError, match="no runs/ folder"):
+        ex.CLI().progress(str(tmp_path / "runs"))
 
 
 def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(tmp_path):

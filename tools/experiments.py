@@ -34,6 +34,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -992,6 +993,45 @@ def rename_pretraining(csv_path, old: str, new: str) -> int:
     return len(moved)
 
 
+_EPOCH_LINE = re.compile(r" - [\w.]*?(Trainer|Evaluator) - INFO - Epoch\[(\d+)\] Complete\. Time taken: (\d+):(\d+):([\d.]+)")
+
+
+def run_progress(work_dir) -> list[dict]:
+    """How far each unfinished run of ``work_dir`` got (a ``runs/NAME/log.txt`` and no ``result.json``), for a GPU
+    lease's next call: ``epoch`` (its trainer's last finished epoch) of ``epochs`` (``--epochs`` of the last command
+    its log shows), ``epoch_s`` (the median trainer epoch plus the median validation, leaving out the first epoch of
+    each attempt, which compiles) and ``left_s`` = (``epochs`` - ``epoch``) x ``epoch_s``, without the next attempt's
+    start-up (about 30-90 s). A run with no finished epoch has ``epoch_s`` and ``left_s`` None."""
+    out = []
+    for log in sorted(Path(work_dir).glob("runs/*/log.txt")):
+        if (log.parent / "result.json").exists():
+            continue
+        epochs, epoch, times, first = None, 0, {"Trainer": [], "Evaluator": []}, set()
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("+ "):  # an attempt's command: its first epochs compile, leave them out
+                flags = line.split()
+                epochs = int(flags[flags.index("--epochs") + 1]) if "--epochs" in flags[:-1] else epochs
+                first = {"Trainer", "Evaluator"}
+                continue
+            m = _EPOCH_LINE.search(line)
+            if m is None:
+                continue
+            engine, seconds = m.group(1), int(m.group(3)) * 3600 + int(m.group(4)) * 60 + float(m.group(5))
+            if engine == "Trainer":
+                epoch = max(epoch, int(m.group(2)))
+            if engine in first:
+                first.discard(engine)
+            else:
+                times[engine].append(seconds)
+        epoch_s = (sorted(times["Trainer"])[len(times["Trainer"]) // 2] +
+                   (sorted(times["Evaluator"])[len(times["Evaluator"]) // 2] if times["Evaluator"] else 0.0)
+                   if times["Trainer"] else None)
+        left = None if epoch_s is None or epochs is None else round(max(epochs - epoch, 0) * epoch_s, 1)
+        out.append({"name": log.parent.name, "epoch": epoch, "epochs": epochs,
+                    "epoch_s": None if epoch_s is None else round(epoch_s, 2), "left_s": left})
+    return out
+
+
 WEIGHT_DTYPES = ("float16", "float32")
 
 
@@ -1096,6 +1136,14 @@ class CLI:
         if rc != 0:
             raise ExperimentError(f"{run_dir}: the probe failed (exit {rc}); see {log}")
         print(Path(run_dir) / "path_dependence_validation.json")
+
+    def progress(self, work_dir: str) -> None:
+        """One line per unfinished run of ``work_dir``: its last epoch, seconds an epoch and seconds left (see
+        :func:`run_progress`), so that a lease's next call can be narrowed to the runs that can end in it."""
+        if not (Path(work_dir) / "runs").is_dir():
+            raise ExperimentError(f"{work_dir}: no runs/ folder (expected a runner's work dir)")
+        for p in run_progress(work_dir):
+            print(f"{p['name']}: epoch {p['epoch']} of {p['epochs']}, {p['epoch_s']} s an epoch, {p['left_s']} s left")
 
     def rename_pretraining(self, csv_path: str, old: str, new: str) -> None:
         """Rename pre-training ``old`` to ``new`` in ``csv_path`` (its row and its fine-tunes' ``init``), e.g.

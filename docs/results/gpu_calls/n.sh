@@ -279,6 +279,9 @@ for r in pre10k pre10k_aug base_lr base_noflip base_aug base_long paper_full pap
     echo "== $r: $(ls $W/$r/runs 2>/dev/null | wc -l) run folders, $(ls $W/$r/runs/*/result.json 2>/dev/null | wc -l) results"
   [ -f $W/$r.out ] && echo "-- $r.out" && grep -hE "runs,|^(done|FAILED)" $W/$r.out | tail -n 16
 done
+# a plan phase's unfinished runs: epoch, seconds an epoch and seconds left, to narrow the lease's next call (ONLY) to the
+# runs that can end in it, before it starts (experiments.py progress)
+[ -n "${NAME:-}" ] && [ -d $W/$NAME/runs ] && echo "-- unfinished runs" && python tools/experiments.py progress $W/$NAME | head -n 24
 # the phase's pre-trainings' cluster maps side by side, as the report draws them (experiments.py panels)
 [ -n "${NAME:-}" ] && [ -f $W/$NAME/results.csv ] &&
   python tools/experiments.py panels $W/$NAME/results.csv $OUT/cluster_panels_$NAME.png > /dev/null 2>&1
