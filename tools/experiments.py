@@ -37,6 +37,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1023,9 +1024,9 @@ def run_progress(work_dir) -> list[dict]:
                 first.discard(engine)
             else:
                 times[engine].append(seconds)
-        epoch_s = (sorted(times["Trainer"])[len(times["Trainer"]) // 2] +
-                   (sorted(times["Evaluator"])[len(times["Evaluator"]) // 2] if times["Evaluator"] else 0.0)
-                   if times["Trainer"] else None)
+        epoch_s = None
+        if times["Trainer"]:
+            epoch_s = statistics.median(times["Trainer"]) + statistics.median(times["Evaluator"] or [0.0])
         left = None if epoch_s is None or epochs is None else round(max(epochs - epoch, 0) * epoch_s, 1)
         out.append({"name": log.parent.name, "epoch": epoch, "epochs": epochs,
                     "epoch_s": None if epoch_s is None else round(epoch_s, 2), "left_s": left})

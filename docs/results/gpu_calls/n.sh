@@ -228,8 +228,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
-  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4 (seed 2 at
-  # 2 and 4 scans, then [samepre]'s other LRs: as run below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4 (as run
+  # below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
   # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
   # experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher runs (carry .carry/p12: eight
   # runs, two a GPU under CUDA graphs, JOBS=8 n.sh 588 p12 twice, then LAST=1; ../README.md, Next steps 6), and what
