@@ -11,7 +11,7 @@
 #   n1-n4 (calls N), o1-o3 (prepared, never run), p1-p3 (calls P-R: acdc_paper, narrowed by SEEDS, COUNTS, LRS, ONLY,
 #       METHODS), abl (ablations; ONLY picks "*alpha*", "*lambda_cc*" or "*num_clusters*"), r (plans/r.json, then the
 #       cuDNN A/B if time is left).
-#   prof, padab, bench2, bench3, bench4, bench5: benchmarks, each described at its phase below; cgsmoke: a check.
+#   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   t u v w x y z mt2 mt3 mt4 mtlr rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
@@ -171,7 +171,7 @@ bench4)  # prepared in the nineteenth session, run in the twentieth (190 s); 2 G
   (for j in False True True False; do mt_step 0 --cudnn_deterministic True --joint_teacher_batch $j; done) &
   (for d in True False False True; do mt_step 1 --cudnn_deterministic $d --joint_teacher_batch False; done) &
   wait; cat $OUT/bench4_gpu*.jsonl; exit 0 ;;
-bench5)  # twenty-first session, one GPU, the ACDC pack: bench2's open question for meanteacher_seg 0.7.1 (separate teacher
+bench5|bench6)  # bench5: twenty-first session, one GPU, the ACDC pack: bench2's open question for meanteacher_seg 0.7.1 (separate teacher
   # forwards, autotuned cuDNN): does the bundle run under CUDA graphs (compile_mode reduce-overhead), and how long is
   # an epoch against the default mode? LV, 1 scan, 3 epochs of 100 iterations with validation; the first run half the
   # time left, the second the rest. As run (commit a668580, one nvidia-h100-x1, 189 s): the default mode ended (epoch
@@ -179,14 +179,18 @@ bench5)  # twenty-first session, one GPU, the ACDC pack: bench2's open question 
   # first run took half of what was left, the second again half: since fixed) and was cut inside its first epoch; run
   # again at once by hand on the warm machine (its compile cache partly filled): epochs 12.4 / 4.8 / 4.6 s, the same
   # validation Dice (0.0686 / 0.0702 against 0.0684 / 0.0702 at epochs 2-3).
-  for mode in None reduce-overhead; do
-    budget=$(( $(left) / 2 - 5 )); [ $mode = None ] || budget=$(( $(left) - 5 ))
+  # bench6 (prepared in the twenty-fifth session, one GPU, the ACDC pack, `n.sh 300 bench6`): the same runs under CUDA
+  # graphs (0.7.2's default) with compile_teacher False, then True. tools/benchmark_meanteacher.py found the compiled
+  # teacher 1.1-1.5x faster a step under CUDA graphs (no faster in the default mode); does an epoch of the bundle agree?
+  if [ $PHASE = bench5 ]; then KEY=compile_mode; VALUES="None reduce-overhead"; else KEY=compile_teacher; VALUES="False True"; fi
+  for v in $VALUES; do
+    budget=$(( $(left) / 2 - 5 )); [ $v = ${VALUES##* } ] && budget=$(( $(left) - 5 ))
     timeout $budget python -m monai.bundle run --config_file bundles/meanteacher_seg/configs/train.json \
       --dataset_dir $D --task lv --labelled_scans 1 --epochs 3 --iters_per_epoch 100 --warmup_epochs 1 --rampup_epochs 1 \
-      --compile_mode $mode --progress_bar False --output_dir /tmp/w/mt_$mode > /tmp/w/mt_$mode.log 2>&1
-    echo "meanteacher_seg compile_mode $mode: rc $? at $(( T - $(left) )) s"
-    grep -hE "Complete. Time taken|Key metric|Error|error" /tmp/w/mt_$mode.log | tail -n 8
-  done 2>&1 | tee $OUT/bench5.log
+      --$KEY $v --progress_bar False --output_dir $TW/mt_${KEY}_$v > $TW/mt_${KEY}_$v.log 2>&1
+    echo "meanteacher_seg $KEY $v: rc $? at $(( T - $(left) )) s"
+    grep -hE "Complete. Time taken|Key metric|Error|error" $TW/mt_${KEY}_$v.log | tail -n 8
+  done 2>&1 | tee $OUT/$PHASE.log
   exit 0 ;;
 cgsmoke)  # prepared in the twenty-second session, one GPU, the ACDC pack, about 3 minutes: meanteacher_seg 0.7.2 runs
   # under CUDA graphs by default, measured at full length for mean_teacher only (the mt3 calls' [cg]). Each of its
@@ -228,12 +232,11 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
-  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4 (as run
-  # below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d (as
+  # run below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
   # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
-  # experiments.py rename_pretraining for its three pre-trainings), p12's Mean Teacher runs (carry .carry/p12: eight
-  # runs, two a GPU under CUDA graphs, JOBS=8 n.sh 588 p12 twice, then LAST=1; ../README.md, Next steps 6), and what
-  # u, v and z left.
+  # experiments.py rename_pretraining for its three pre-trainings), p12's seed 2 Mean Teacher runs (carry .carry/p12:
+  # six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -327,3 +330,8 @@ exit 0
 #   FIRST=1 JOBS=6 n.sh 588 mt4 (566 s: pre_full in 543 s; the six [tsep], two a GPU, cut near their end), JOBS=8
 #   n.sh 588 mt4 (565 s: [tsep] ended, MT + Ours LV in 528-539 s, four cut), LAST=1 JOBS=12 n.sh 578 mt4 (393 s: all
 #   30 runs done, the LR grid three a GPU in 160-270 s). Device time 1,597 of 1,800 s.
+# As run (commit 2780654, one nvidia-h100-x4 lease, 4 x H100; the p12d calls, twenty-fifth session, the PROMISE12 pack
+#   and .carry/p12): ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*", "mt_*_prostate_n6_s1_*",
+#   "mt_*_prostate_n8_s1_*"]' JOBS=8 n.sh 588 p12 (568 s: the eight at epochs 23-24 of 50, 18.1-19.0 s an epoch), the
+#   same again (566 s: four ended, four cut at epoch 50 before their test), the same with LAST=1 and n.sh 300 p12
+#   (63 s: they ended). Device time 1,368 of 1,800 s.
