@@ -109,6 +109,27 @@ def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
     sizes = sorted(((f.stat().st_size, f.relative_to(ROOT).as_posix()) for f in files if f.is_file()), reverse=True)
     assert sum(s for s, _ in sizes) < 2_500_000, f"tracked files total {sum(s for s, _ in sizes)} bytes; largest: {sizes[:5]}"
 
+
+def test_results_csvs_keep_six_significant_digits(tmp_path):
+    # collect (through write_csv) writes floats to 6 significant digits, and every committed results CSV holds them
+    # so (the twenty-fifth session rewrote them, 27 kB less); names, hashes, LRs and short decimals pass unchanged
+    import subprocess
+
+    assert ex.short_float(0.8574790954589844) == 0.857479 and ex.short_float("0.8574790954589844") == 0.857479
+    assert ex.short_float("1.23456789e-05") == 1.23457e-05 and ex.short_float(1146.6) == 1146.6
+    for kept in ("0.796842", "41875a36a678863767618d8011315c5018d7f65b", "1_000", "2e-05", "nan", "x", 3, None):
+        assert ex.short_float(kept) == kept
+    path = ex.write_csv([{"name": "a", "test_dice": 0.8574790954589844, "lr": 2e-05}], ["name", "test_dice", "lr"],
+                        tmp_path / "r.csv")
+    assert path.read_text().splitlines() == ["name,test_dice,lr", "a,0.857479,2e-05"]
+    listed = subprocess.run(["git", "ls-files", "-z", "*.csv"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    for f in filter(None, listed.stdout.decode().split("\0")):
+        values = (v.strip() for v in (ROOT / f).read_text().replace("\n", ",").split(","))
+        long = [v for v in values if ex.LONG_DECIMAL.fullmatch(v) and ex.short_float(v) != float(v)]
+        assert not long, f"{f}: {len(long)} floats with more than 6 significant digits, e.g. {long[0]}"
+
 def test_a_later_lease_skips_the_runs_its_earlier_leases_collected(tmp_path, monkeypatch):
     # a plan's second lease starts on a fresh machine: what the first collected (its committed CSV) must not run again,
     # and a pre-training runs again only while a run that needs it is left
