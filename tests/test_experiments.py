@@ -1408,6 +1408,23 @@ def test_n_sh_bench3_needs_no_data_and_times_both_steps_at_both_cudnn_settings(t
     assert (tmp_path / "out" / "bench3.jsonl").read_text().count("{}") == 8
 
 
+def test_n_sh_bench6_runs_the_bundle_with_the_eager_then_the_compiled_teacher(tmp_path):
+    # bench6 (the compiled teacher over the bundle's epochs): two meanteacher_seg runs on the prepared ACDC set, the
+    # eager teacher first (half the time left), then the compiled one, each into its own folder, the log to $OUT
+    bin_dir, calls = _stand_in_bin(tmp_path, 1)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    done = _run_n_sh(tmp_path, bin_dir, 300, "bench6")
+    assert done.returncode == 0, done.stderr
+    runs = [args for _, args in (line.split("|") for line in calls.read_text().splitlines())]
+    assert len(runs) == 2 and all("meanteacher_seg/configs/train.json" in a for a in runs)
+    for args, value in zip(runs, ("False", "True")):
+        assert f"--compile_teacher {value} " in args and f"--output_dir {tmp_path / 'w'}/mt_compile_teacher_{value}" in args
+        assert "--compile_mode" not in args  # the bundle's default mode: CUDA graphs
+    log = (tmp_path / "out" / "bench6.log").read_text()
+    assert "compile_teacher False: rc 0" in log and "compile_teacher True: rc 0" in log
+
+
 def test_n_sh_bench4_times_the_teacher_forwards_on_gpu_0_and_cudnn_on_gpu_1(tmp_path):
     # bench4: the Mean Teacher step only, no data; GPU 0 separate against joint teacher forwards (deterministic, the
     # bundle's default), GPU 1 deterministic against autotuned with the separate forwards; each setting twice
@@ -1493,6 +1510,8 @@ def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
         done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "p12"], cwd=ROOT,
                               env=run_env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "phase p12 ended" in done.stdout
+        # no PNG to send (the carried pre-training has no panels, PNG_RUNS is none): no empty tar, no tar error
+        assert "Cowardly" not in done.stderr and not (tmp_path / "out" / "n_p12_png.tgz").exists()
         restored = f"restored {tmp_path / 'w' / 'n' / 'p12'} from {carry}: 2 finished runs"
         assert (restored in done.stdout) if call == 1 else ("restored" not in done.stdout)
     lines = calls.read_text().splitlines()

@@ -305,7 +305,9 @@ done
 # most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB)
 (cd $TW && find n -size +300k) > $TW/big.txt
 tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X $TW/big.txt n
-[ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || tar czf $OUT/n_${PHASE}_png.tgz -C $TW $(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+PNGS=$(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+# (none, as in the PROMISE12 calls, whose pre-training came from .carry without its panels: no empty tar, no error)
+[ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || [ -z "$PNGS" ] || tar czf $OUT/n_${PHASE}_png.tgz -C $TW $PNGS
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
