@@ -344,10 +344,14 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
     if plan.name == "mtlr.json":  # fairness for Mean Teacher: its other two LRs at 1 scan (1e-4 ran in z and mt2),
         # and MT + Ours at all three from one pre-training ([onepre], as the full method's), so that the LR chosen on
         # validation does not mix pre-trainings
-        assert len(grid) == 16 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {0}
-        assert [bool(r.depends) for r in grid[1:]] == [False] * 6 + [True] * 9
-        assert {r.meta["lr"] for r in grid[1:7]} == {2e-5, 5e-4} and {r.meta["lr"] for r in grid[7:]} == {2e-5, 1e-4, 5e-4}
-        assert {r.meta["method"] for r in grid[7:]} == {"MT + Ours [onepre]"} and {r.meta["labelled_scans"] for r in grid[1:]} == {1}
+        # and [ct]: the compiled teacher under CUDA graphs at full length (bench6: 1.28x an epoch), the mt3 calls'
+        # [cg] runs (LV / RV 2 scans, seed 0) with compile_teacher true, before it can become the default
+        assert len(grid) == 18 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {0}
+        assert [bool(r.depends) for r in grid[1:]] == [False] * 8 + [True] * 9
+        assert {r.meta["lr"] for r in grid[1:7]} == {2e-5, 5e-4} and {r.meta["lr"] for r in grid[9:]} == {2e-5, 1e-4, 5e-4}
+        assert {r.meta["method"] for r in grid[9:]} == {"MT + Ours [onepre]"} and {r.meta["labelled_scans"] for r in grid[1:7]} == {1}
+        assert [r.name for r in grid[7:9]] == ["mt_random_lv_n2_s0_lr1e-4_cw1_ct", "mt_random_rv_n2_s0_lr1e-4_cw1_ct"]
+        assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--compile_teacher"] == "True" for r in grid[7:9])
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt2.csv", newline="") as f:
             assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid[1:]}  # new names only
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y

@@ -236,7 +236,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d (as
-  # run below). Prepared, not run: mtlr (Mean Teacher's LR choice; FIRST=1 JOBS=6, then JOBS=9 twice),
+  # run below). Prepared, not run: mtlr (Mean Teacher's LR choice, [ct]; FIRST=1 JOBS=8, then JOBS=9 twice),
   # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
   # experiments.py rename_pretraining for its three pre-trainings), p12's seed 2 Mean Teacher runs (carry .carry/p12:
   # six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
