@@ -179,10 +179,10 @@ bench5|bench6)  # bench5: twenty-first session, one GPU, the ACDC pack: bench2's
   # first run took half of what was left, the second again half: since fixed) and was cut inside its first epoch; run
   # again at once by hand on the warm machine (its compile cache partly filled): epochs 12.4 / 4.8 / 4.6 s, the same
   # validation Dice (0.0686 / 0.0702 against 0.0684 / 0.0702 at epochs 2-3).
-  # bench6 (prepared in the twenty-fifth session, one GPU, the ACDC pack, `n.sh 300 bench6`): the same runs under CUDA
+  # bench6 (prepared in the twenty-fifth session, one GPU, the ACDC pack, `n.sh 330 bench6`): the same runs under CUDA
   # graphs (0.7.2's default) with compile_teacher False, then True. tools/benchmark_meanteacher.py found the compiled
   # teacher 1.1-1.5x faster a step under CUDA graphs (no faster in the default mode); does an epoch of the bundle agree?
-  # As run (commit dfd9a54, one nvidia-h100-x1, 163 s): epochs 2-3 3.07 / 2.96 s eager teacher, 2.29 / 2.42 s compiled
+  # As run (commit dfd9a54, one nvidia-h100-x1, n.sh 330 bench6, 163 s): epochs 2-3 3.07 / 2.96 s eager teacher, 2.29 / 2.42 s compiled
   # (1.28x), validation Dice 0.0685 / 0.0702 against 0.0685 / 0.0703; the first epoch 42.5 against 24.9 s (the second
   # run found the student's compile cached, so that is no comparison).
   if [ $PHASE = bench5 ]; then KEY=compile_mode; VALUES="None reduce-overhead"; else KEY=compile_teacher; VALUES="False True"; fi
