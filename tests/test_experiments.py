@@ -345,7 +345,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # and MT + Ours at all three from one pre-training ([onepre], as the full method's), so that the LR chosen on
         # validation does not mix pre-trainings
         # and [ct]: the compiled teacher under CUDA graphs at full length (bench6: 1.28x an epoch), the mt3 calls'
-        # [cg] runs (LV / RV 2 scans, seed 0) with compile_teacher true, before it can become the default
+        # [cg] runs (LV / RV 2 scans, seed 0) with compile_teacher true, which made it the default (0.7.3)
         assert len(grid) == 18 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {0}
         assert [bool(r.depends) for r in grid[1:]] == [False] * 8 + [True] * 9
         assert {r.meta["lr"] for r in grid[1:7]} == {2e-5, 5e-4} and {r.meta["lr"] for r in grid[9:]} == {2e-5, 1e-4, 5e-4}
@@ -354,6 +354,18 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--compile_teacher"] == "True" for r in grid[7:9])
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt2.csv", newline="") as f:
             assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid[1:]}  # new names only
+        # the mtlr calls ran it all in one lease (pre_full renamed pre_full_mtlr): nothing is left
+        mtlr_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mtlr.csv"
+        assert ex.drop_collected(grid, [str(mtlr_csv)]) == []
+    if plan.name == "mtlr12.json":  # mtlr for seeds 1 and 2 (no [ct]): one seed a lease, each with its own pre-training
+        assert len(grid) == 31 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {1, 2}
+        assert [bool(r.depends) for r in grid[1:]] == [False] * 12 + [True] * 18
+        assert {r.meta["lr"] for r in grid[1:13]} == {2e-5, 5e-4} and {r.meta["method"] for r in grid[13:]} == {"MT + Ours [onepre]"}
+        first = ex.narrow_runs(grid, ["pre_full", "*_s1_*"])  # the first lease's ONLY: its seed and the pre-training
+        assert len(first) == 16 and {r.meta["seed"] for r in first[1:]} == {1}
+        results = plan.parent.parent.parent / "acdc_paper_length"  # nothing of it collected yet, no name taken
+        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv")) if not p.name.endswith("_per_scan.csv")]
+        assert ex.drop_collected(grid, csvs) == grid
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name
@@ -852,6 +864,24 @@ def test_hardest_scans_lists_the_lowest_scans_first_with_each_methods_mean_over_
         rr.read_per_scan([tmp_path / "bad.csv"])
     with pytest.raises(rr.ReportError, match="no such per-scan CSV"):
         rr.read_per_scan([tmp_path / "missing.csv"])
+
+
+def test_per_scan_methods_narrows_the_hardest_scans_to_the_rows_named(tmp_path):
+    # a report with many diagnostic rows keeps its per-scan and patient-group tables to the rows that matter
+    cols = ["name", "kind", "method", "task", "labelled_scans", "seed", "lr", "paper_lr", "val_dice", "test_dice"]
+    results = tmp_path / "r.csv"
+    results.write_text(",".join(cols) + "\nft_a,finetune,Baseline,rv,1,0,1e-4,1e-4,0.3,0.2\n"
+                       "ft_b,finetune,Baseline [dicece],rv,1,0,1e-4,1e-4,0.3,0.3\n")
+    scans = tmp_path / "r_per_scan.csv"
+    scans.write_text("name,p1,p2\nft_a,0.1,0.3\nft_b,0.2,0.4\n")
+    rr.write_report([results], tmp_path / "all", per_scan=[scans])
+    assert "**RV** (runs: Baseline 1, Baseline [dicece] 1)" in (tmp_path / "all" / "README.md").read_text()
+    rr.write_report([results], tmp_path / "one", per_scan=[scans], per_scan_methods=["Baseline"])
+    md = (tmp_path / "one" / "README.md").read_text()
+    assert "**RV** (runs: Baseline 1)" in md and "| p1 | 10.0 |" in md
+    assert "| Baseline [dicece] | **30.00** |" in md  # the protocol tables keep every row
+    with pytest.raises(rr.ReportError, match=r"per_scan_methods \['Mean Teacher'\] are not rows of this report"):
+        rr.write_report([results], tmp_path / "bad", per_scan=[scans], per_scan_methods=["Baseline", "Mean Teacher"])
 
 
 def test_report_rejects_a_csv_without_results_columns(tmp_path):
@@ -1357,6 +1387,10 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                             ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
     ("mtlr", {"JOBS": "6"}, [("0", "mtlr.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                              ("1,2,3", "mtlr.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
+    # mtlr12, one seed a lease: REST narrows the first call's random-init runs to that seed
+    ("mtlr12", {"JOBS": "6", "REST": '["mt_random_*_s1_*"]'},
+     [("0", "mtlr12.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+      ("1,2,3", "mtlr12.json", "--gpus 3 --jobs 6 --only [\"mt_random_*_s1_*\"]")]),
 ])
 def test_n_sh_first_call_starts_the_runners_its_phase_needs(tmp_path, phase, env, expected):
     # a GPU call that starts the wrong runners costs ten minutes of the session's thirty: run n.sh's FIRST branch

@@ -523,7 +523,7 @@ def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(
 
 @pytest.mark.parametrize("compile_, compile_teacher", [(True, True), (True, False), (False, True)])
 def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(compile_, compile_teacher):
-    """train.json's ``compile_teacher`` (default false) reaches the step only where ``compile`` is on too (on the CPU
+    """train.json's ``compile_teacher`` (default true since 0.7.3) reaches the step only where ``compile`` is on too (on the CPU
     ``compile`` defaults to false, and the teacher stays eager with it); ``compile_mode`` is the student's, CUDA graphs
     (reduce-overhead) unless overridden, since 0.7.2."""
     import inspect
@@ -532,7 +532,7 @@ def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(c
 
     parser = ConfigParser()
     parser.read_config(str(ROOT / "bundles" / "meanteacher_seg" / "configs" / "train.json"))
-    assert parser["compile_teacher"] is False and parser["compile_mode"] == "reduce-overhead"
+    assert parser["compile_teacher"] is True and parser["compile_mode"] == "reduce-overhead"
     assert inspect.signature(ss.SemiSupervisedStep).parameters["compile_teacher"].default is False
     parser["compile"], parser["compile_teacher"], parser["compile_mode"] = compile_, compile_teacher, "max-autotune"
     assert parser.get_parsed_content("train#step#compile_teacher") is (compile_ and compile_teacher)

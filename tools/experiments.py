@@ -1198,7 +1198,7 @@ class CLI:
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
                methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None,
                groups: str | None = None, group_focus: str | None = None, panels_note: str = "",
-               order_against: str | None = None, order_against_name: str = "") -> None:
+               order_against: str | None = None, order_against_name: str = "", per_scan_methods=None) -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
         paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
@@ -1208,7 +1208,8 @@ class CLI:
         ``groups``: the data set's ``datalist.json``, for the test Dice by patient group, with ``group_focus`` a group
         to detail run by run, e.g. NOR; ``panels_note``: markdown closing the cluster maps' section;
         ``order_against``: another report's ``table_cells.json``, named ``order_against_name``, whose order of the
-        untagged rows each table is also counted against, e.g. a fast protocol's against the full one's). Without
+        untagged rows each table is also counted against, e.g. a fast protocol's against the full one's;
+        ``per_scan_methods``: only these rows in the hardest-scans and patient-group tables, e.g. Table 1's). Without
         the pre-training folders a cluster panel PNG already in ``out_dir`` is kept and linked. Besides README.md
         and the PNGs, it writes ``table_cells.json`` (each table's means and seed counts, for another report's
         ``order_against`` and for ``table1``)."""
@@ -1222,7 +1223,8 @@ class CLI:
                               paper_lr=None if paper_lr is None else float(paper_lr),
                               per_scan=_path_list(per_scan) if per_scan else None, pair_with=pair_with,
                               groups=groups, group_focus=group_focus, panels_note=panels_note,
-                              order_against=order_against, order_against_name=order_against_name):
+                              order_against=order_against, order_against_name=order_against_name,
+                              per_scan_methods=per_scan_methods):
             print(p)
 
 

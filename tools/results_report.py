@@ -1023,7 +1023,7 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
                  paper_lr: float | None = None, per_scan=None, pair_with=None, groups=None,
                  group_focus: str | None = None, panels_note: str = "", order_against=None,
-                 order_against_name: str = "") -> list[Path]:
+                 order_against_name: str = "", per_scan_methods=None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
@@ -1032,6 +1032,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     ``pair_with``: ``{method: reference}`` for the run-for-run table (see :func:`paired_table`; default reference
     ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
     patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`).
+    ``per_scan_methods``: the rows of those two sections (labels as after ``relabel``; default every row), so that
+    a report with many diagnostic rows keeps them readable.
     The cluster panels are drawn from the pre-training folders (``runs/NAME`` beside a CSV); without them a panel
     PNG already in ``out_dir`` (drawn by an earlier run of the report) is kept and linked. ``panels_note``: markdown
     closing the section of the variants' cluster maps (e.g. figures made by hand from other pre-trainings).
@@ -1099,7 +1101,14 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         if png:
             written.append(png)
             md += [f"![Dice vs labelled scans]({png.name})", ""]
-    hardest = hardest_scans(select(seg, "paper", paper_lr), scan_dice) if scan_dice else []
+    detailed = select(seg, "paper", paper_lr)
+    if per_scan_methods is not None:
+        keep = [per_scan_methods] if isinstance(per_scan_methods, str) else list(per_scan_methods)
+        unknown = sorted(set(keep) - {r["method"] for r in seg})
+        if unknown:
+            raise ReportError(f"per_scan_methods {unknown} are not rows of this report (labels as after relabel)")
+        detailed = [r for r in detailed if r["method"] in keep]
+    hardest = hardest_scans(detailed, scan_dice) if scan_dice else []
     if hardest:
         md += ["## Hardest test scans (the paper-protocol runs that have per-scan Dice)", "",
                "Test 3D Dice x 100 of each scan, each method's mean over its runs (every labelled count and seed); "
@@ -1108,7 +1117,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     if group_info:
         md += ["## Test Dice by patient group (the paper-protocol runs that have per-scan Dice)", "",
                f"Groups from `{Path(groups).name}` (ACDC's Info.cfg); each method's mean over its runs' scans of the group.", "",
-               *group_tables(select(seg, "paper", paper_lr), scan_dice, *group_info, focus=group_focus)]
+               *group_tables(detailed, scan_dice, *group_info, focus=group_focus)]
     methods = [m for m in METHOD_ORDER if m in PAPER_TABLE1]
     paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in ((4, 6, 8) if t == "prostate" else (1, 2, 4))]
     md += ["## The paper's Table 1 (mean of 3 seeds, its full protocol)", "",

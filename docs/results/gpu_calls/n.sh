@@ -13,7 +13,7 @@
 #       cuDNN A/B if time is left).
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
-#   t u v w x y z mt2 mt3 mt4 mtlr rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -234,12 +234,12 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
-  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d (as
-  # run below). Prepared, not run: mtlr (Mean Teacher's LR choice, [ct]; FIRST=1 JOBS=8, then JOBS=9 twice),
-  # rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE, LAST=1 n.sh 578 PHASE; after rows2,
-  # experiments.py rename_pretraining for its three pre-trainings), p12's seed 2 Mean Teacher runs (carry .carry/p12:
-  # six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
+  # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
+  # mtlr (as run below). Prepared, not run: mtlr12 (mtlr for seeds 1 and 2, one seed a lease, narrowed with
+  # REST='["mt_random_*_s1_*"]' in the FIRST call and ONLY='["pre_full", "*_s1_*"]' after it), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
+  # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
+  # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -248,7 +248,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|rows|rows2|decdiag|decdiag2|p12)  # a plan phase,
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  case $PHASE in v|mt2|mt3|mt4|mtlr) REST=${REST:-'["mt_random_*"]'} ;; esac
+  case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
@@ -340,3 +340,9 @@ exit 0
 #   "mt_*_prostate_n8_s1_*"]' JOBS=8 n.sh 588 p12 (568 s: the eight at epochs 23-24 of 50, 18.1-19.0 s an epoch), the
 #   same again (566 s: four ended, four cut at epoch 50 before their test), the same with LAST=1 and n.sh 300 p12
 #   (63 s: they ended). Device time 1,368 of 1,800 s.
+# As run (commit 7513bc5, one nvidia-h100-x4 lease, 4 x H100; the mtlr calls, twenty-sixth session, the ACDC pack):
+#   FIRST=1 JOBS=8 n.sh 588 mtlr (566 s: pre_full in 498 s; the eight random-init runs on GPUs 1-3, three a GPU, two
+#   ended, six cut at epochs 45-50), JOBS=9 n.sh 588 mtlr (566 s: those ended; four MT + Ours ended, five cut),
+#   LAST=1 JOBS=9 n.sh 330 mtlr (155 s: all 17 done), then by hand run_plan of the full method's [samepre] at 2 / 4
+#   scans, seed 0, three LRs, 18 at once, under timeout 330 in /tmp/w/n/mtlr: none ended (epochs 41-50 of 50).
+#   Device time 1,716 of 1,800 s.
