@@ -311,30 +311,8 @@ PNGS=$(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/p
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
 exit 0
 
-# As run: for the calls before the p12c calls see git show 65358d6:docs/results/gpu_calls/n.sh and ../README.md.
-# As run (commit c0effb4, one nvidia-h100-x4 lease, 4 x H100; the p12c calls, twentieth session, the PROMISE12 pack and
-#   .carry/p12, restored in 27 s): ONLY='["mt_random_prostate_n4_s0_*", "mt_random_prostate_n8_s0_*",
-#   "mt_pre_full_prostate_n4_s0_*", "mt_pre_full_prostate_n8_s0_*"]' JOBS=4 n.sh 588 p12 (565 s: the four started,
-#   one a GPU), the same again (566 s: cut at epochs 48-49 of 50, 22-26 s an epoch), the same with LAST=1 and
-#   n.sh 380 p12 (111 s: they ended, 1,181-1,205 s over three attempts), then n.sh 390 bench4 (190 s).
-#   Device time 1,496 of 1,800 s.
-# As run (commit 3c6e22b, one nvidia-h100-x4 lease, 4 x H100; the mt2 calls, twenty-first session, the ACDC pack):
-#   FIRST=1 JOBS=6 n.sh 588 mt2 (565 s: pre_full alone on GPU 0 in 484 s; the six random-init runs on GPUs 1-3, two a
-#   GPU, cut), JOBS=8 n.sh 588 mt2 (566 s: those ended in 89-125 s; MT + Ours started, cut), LAST=1 JOBS=8 n.sh 578 mt2
-#   (235 s: the eight ended; MT + Ours Myo seed 2 held). Device time 1,439 of 1,800 s.
-# As run (commit 0485f11, one nvidia-h100-x4 lease, 4 x H100; the mt3 calls, twenty-second session, the ACDC pack):
-#   FIRST=1 JOBS=6 n.sh 588 mt3 (565 s: pre_full alone on GPU 0, cut 42 s short; the six [tsep] runs, two a GPU, cut),
-#   JOBS=8 n.sh 588 mt3 (566 s: those ended in 261-277 s; [cg] and MT + Ours seed 0 started, cut), LAST=1 JOBS=8
-#   n.sh 578 mt3 (514 s: the eight ended, [samepre] LV 2 / 4 in 221 s; 23 runs held). Device time 1,701 of 1,800 s.
-# As run (commit a69c78c, one nvidia-h100-x4 lease that came as 4 x H200; the mt3b calls, twenty-third session, the
-#   ACDC pack; each with SKIP_COLLECTED='["docs/results/acdc_paper_length/results_calls_mt3.csv"]'): FIRST=1 JOBS=6
-#   n.sh 588 mt3 (540 s: pre_full in 488 s, the six [tsep] in 520-527 s), JOBS=8 n.sh 588 mt3 (565 s: MT + Ours in
-#   480-488 s, three [samepre] cut), LAST=1 JOBS=8 n.sh 370 mt3 then n.sh 200 cgsmoke in one call (209 s), and by hand
-#   run_plan of [samepre] seed 1 at 2e-5 / 5e-4 in /tmp/w/n/mt3 (267 s; ../README.md, *The mt3b calls*). 1,675 s.
-# As run (commit 41875a3, one nvidia-h100-x4 lease, 4 x H100; the mt4 calls, twenty-fourth session, the ACDC pack):
-#   FIRST=1 JOBS=6 n.sh 588 mt4 (566 s: pre_full in 543 s; the six [tsep], two a GPU, cut near their end), JOBS=8
-#   n.sh 588 mt4 (565 s: [tsep] ended, MT + Ours LV in 528-539 s, four cut), LAST=1 JOBS=12 n.sh 578 mt4 (393 s: all
-#   30 runs done, the LR grid three a GPU in 160-270 s). Device time 1,597 of 1,800 s.
+# As run: the calls before the p12c calls: git show 65358d6:docs/results/gpu_calls/n.sh; the p12c to mt4 calls:
+#   git show e1f0c39:docs/results/gpu_calls/n.sh (and ../README.md, *What was run*, which gives each call as given).
 # As run (commit 2780654, one nvidia-h100-x4 lease, 4 x H100; the p12d calls, twenty-fifth session, the PROMISE12 pack
 #   and .carry/p12): ONLY='["mt_*_prostate_n6_s0_*", "mt_*_prostate_n4_s1_*", "mt_*_prostate_n6_s1_*",
 #   "mt_*_prostate_n8_s1_*"]' JOBS=8 n.sh 588 p12 (568 s: the eight at epochs 23-24 of 50, 18.1-19.0 s an epoch), the
