@@ -480,11 +480,11 @@ def test_the_bundle_and_the_step_default_to_separate_teacher_forwards():
     assert parser["joint_teacher_batch"] is False and default is False
 
 
-@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
+@pytest.mark.parametrize("method", ss.TEACHER_METHODS)
 def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(method, monkeypatch):
     """``compile_teacher``: the step compiles ``teacher.module`` (with ``compile_mode``) and runs each teacher forward
     through it, in the teacher's train mode, on the parameters the EMA update moves; the targets are the eager
-    teacher's. Off (the default), nothing is compiled. (A stand-in for ``torch.compile`` records the calls: inductor
+    teacher's. Off, nothing is compiled (the bundle's default is on since 0.7.3). (A stand-in for ``torch.compile`` records the calls: inductor
     on the CPU takes half a minute, and its numerics are torch's to test.)"""
     compiled = []
 
@@ -513,8 +513,9 @@ def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(
     assert recorder.inner is step.teacher.module and recorder.mode == "max-autotune-no-cudagraphs"
     passes = step.uncertainty_passes if method == "ua_mt" else 1
     # separate teacher forwards (the default): the labelled views, then the unlabelled ones (UA-MT: with the noisy
-    # copies of each)
-    assert [n for n, _ in recorder.calls][-2:] == [2 * passes, 2 * passes] and all(t for _, t in recorder.calls)
+    # copies of each); ICT: one forward of the unlabelled images it mixes
+    expected = [2] if method == "ict" else [2 * passes, 2 * passes]
+    assert [n for n, _ in recorder.calls][-len(expected):] == expected and all(t for _, t in recorder.calls)
     assert not step.teacher.training  # back in eval mode after the step
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
     with pytest.raises(ValueError, match="compile_teacher"):
