@@ -882,6 +882,7 @@ def test_per_scan_methods_narrows_the_hardest_scans_to_the_rows_named(tmp_path):
     assert "| Baseline [dicece] | **30.00** |" in md  # the protocol tables keep every row
     with pytest.raises(rr.ReportError, match=r"per_scan_methods \['Mean Teacher'\] are not rows of this report"):
         rr.write_report([results], tmp_path / "bad", per_scan=[scans], per_scan_methods=["Baseline", "Mean Teacher"])
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
 
 
 def test_report_rejects_a_csv_without_results_columns(tmp_path):

@@ -484,8 +484,8 @@ def test_the_bundle_and_the_step_default_to_separate_teacher_forwards():
 def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(method, monkeypatch):
     """``compile_teacher``: the step compiles ``teacher.module`` (with ``compile_mode``) and runs each teacher forward
     through it, in the teacher's train mode, on the parameters the EMA update moves; the targets are the eager
-    teacher's. Off, nothing is compiled (the bundle's default is on since 0.7.3). (A stand-in for ``torch.compile`` records the calls: inductor
-    on the CPU takes half a minute, and its numerics are torch's to test.)"""
+    teacher's. Off, nothing is compiled (the bundle's default is on since 0.7.3). (A stand-in for ``torch.compile``
+    records the calls: inductor on the CPU takes half a minute, and its numerics are torch's to test.)"""
     compiled = []
 
     class Recorder(nn.Module):  # what torch.compile returns here: the same module, its calls recorded
@@ -524,9 +524,9 @@ def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(
 
 @pytest.mark.parametrize("compile_, compile_teacher", [(True, True), (True, False), (False, True)])
 def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(compile_, compile_teacher):
-    """train.json's ``compile_teacher`` (default true since 0.7.3) reaches the step only where ``compile`` is on too (on the CPU
-    ``compile`` defaults to false, and the teacher stays eager with it); ``compile_mode`` is the student's, CUDA graphs
-    (reduce-overhead) unless overridden, since 0.7.2."""
+    """train.json's ``compile_teacher`` (default true since 0.7.3) reaches the step only where ``compile`` is on too
+    (on the CPU ``compile`` defaults to false, and the teacher stays eager with it); ``compile_mode`` is the
+    student's, CUDA graphs (reduce-overhead) unless overridden, since 0.7.2."""
     import inspect
 
     from monai.bundle import ConfigParser

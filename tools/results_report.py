@@ -1065,6 +1065,11 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     unknown = sorted((set(pair_with or {}) | set((pair_with or {}).values())) - labels)
     if unknown:
         raise ReportError(f"pair_with names {unknown}, which are not rows of this report; rows: {sorted(labels)}")
+    detail = None if per_scan_methods is None else (
+        [per_scan_methods] if isinstance(per_scan_methods, str) else list(per_scan_methods))
+    if detail is not None and set(detail) - labels:
+        raise ReportError(f"per_scan_methods {sorted(set(detail) - labels)} are not rows of this report "
+                          f"(labels as after relabel); rows: {sorted(labels)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written, md = [], [f"# {title}", "", "3D Dice x 100 on the test scans, mean (std over seeds); `n=` when a cell "
@@ -1101,13 +1106,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         if png:
             written.append(png)
             md += [f"![Dice vs labelled scans]({png.name})", ""]
-    detailed = select(seg, "paper", paper_lr)
-    if per_scan_methods is not None:
-        keep = [per_scan_methods] if isinstance(per_scan_methods, str) else list(per_scan_methods)
-        unknown = sorted(set(keep) - {r["method"] for r in seg})
-        if unknown:
-            raise ReportError(f"per_scan_methods {unknown} are not rows of this report (labels as after relabel)")
-        detailed = [r for r in detailed if r["method"] in keep]
+    detailed = [r for r in select(seg, "paper", paper_lr) if detail is None or r["method"] in detail]
     hardest = hardest_scans(detailed, scan_dice) if scan_dice else []
     if hardest:
         md += ["## Hardest test scans (the paper-protocol runs that have per-scan Dice)", "",
