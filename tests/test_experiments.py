@@ -267,6 +267,9 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert pre["pre_full_con01"]["--loss_weights#con"] == "0.1" and "variants/full.json" in str(grid[3].commands[0])
         assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12 and all(r.expected_s == 340 for r in grid[4:])
         assert {r.depends for r in grid[4:]} == {(n,) for n in pre} and {r.meta["lr"] for r in grid[4:]} == {1e-4}
+        # the decdiag2 calls ran all but RV: what is left is RV's 12 fine-tunes, and the pre-trainings they need again
+        left = ex.drop_collected(grid, [str(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_decdiag2.csv")])
+        assert [r.name for r in left[:4]] == list(pre) and [r.meta["task"] for r in left[4:]] == ["rv"] * 12
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
         with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
@@ -1178,6 +1181,27 @@ def test_the_lr_chosen_table_names_the_cells_that_ran_at_one_lr_only():
     assert rr.one_lr_lines(rows) == ["Where a seed ran at one LR only, the table shows that run, not a choice:", "",
                                      "- Baseline: Myo 2 (seed 1), Myo 4", "- one LR in every cell: Baseline [long]", ""]
     assert rr.one_lr_lines(rows[:4]) == []
+
+
+def test_the_lr_chosen_tables_leave_out_the_tagged_rows_that_equal_the_paper_protocol(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("name,kind,method,task,labelled_scans,seed,lr,paper_lr,val_dice,test_dice\n" + "".join(
+        f"{i},finetune,{m},lv,1,0,{lr},1e-4,{v},{d}\n" for i, (m, lr, v, d) in enumerate((
+            ("Baseline", 2e-5, 0.7, 0.6), ("Baseline", 1e-4, 0.5, 0.5), ("IIC (Dec)", 1e-4, 0.5, 0.55),
+            ("Baseline [long]", 1e-4, 0.5, 0.4), ("Ours (Dec) MI+CC [k10]", 1e-4, 0.5, 0.65),
+            ("Baseline [odd]", 5e-4, 0.5, 0.3)))))  # [odd]: one LR, not the paper's, so in no paper table
+    rr.write_report([path], tmp_path / "out")
+    paper, tuned = (tmp_path / "out" / "README.md").read_text().split("## Paper protocol")[1].split("## Each method")
+    assert "| Baseline [long] | 40.00 |" in paper and "| IIC (Dec) | 55.00 |" in paper
+    mean, gap = (t[t.index("| method |"):].split("\n\n")[0] for t in tuned.split("Our mean minus the paper's")[:2])
+    assert "| IIC (Dec) | 55.00 |" in mean and "| IIC (Dec) | -" in gap and "| Baseline [odd] | -" in gap
+    assert "[long]" not in mean + gap and "[k10]" not in mean + gap
+    assert "| Baseline | **60.00** |" in mean  # the best of the rows shown ([k10]'s 65.00 is in the paper table)
+    assert ("- one LR in every cell: IIC (Dec), Baseline [long], Baseline [odd], Ours (Dec) MI+CC [k10] (Baseline "
+            "[long], Ours (Dec) MI+CC [k10] are left out of this section's mean and gap tables: they equal the "
+            "paper-protocol tables)") in tuned
+    assert "| Baseline [long] | Baseline |" in tuned  # the run-for-run pairs keep every row
+
 
 def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_same_cells():
     def row(method, task, n, seed, dice):

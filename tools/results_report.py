@@ -341,10 +341,10 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     return md + [""]
 
 
-def one_lr_lines(rows: list[dict]) -> list[str]:
+def one_lr_lines(rows: list[dict], left_out=()) -> list[str]:
     """Markdown lines: the cells of the LR-chosen table where a seed ran at one LR only, so that the table shows that
     run and no choice: per method, ``Myo 4`` (every seed) or ``Myo 2 (seeds 1, 2)``; rows with one LR in every cell
-    are named together."""
+    are named together. ``left_out``: those the mean and gap tables leave out."""
     cells = defaultdict(lambda: defaultdict(list))  # method -> (task, n) -> [(seed, LRs run)]
     for (m, ablation, _, task, n, seed), tried in _lrs_run(rows).items():
         if not ablation:
@@ -364,10 +364,25 @@ def one_lr_lines(rows: list[dict]) -> list[str]:
         if where:
             per_method.append(f"- {m}: {', '.join(where)}")
     if untuned:
-        per_method.append(f"- one LR in every cell: {', '.join(untuned)}")
+        gone = [m for m in untuned if m in left_out]
+        said = "the tagged ones" if gone == [m for m in untuned if "[" in m] else ", ".join(gone)
+        if gone:
+            said += " are left out of this section's mean and gap tables: they equal the paper-protocol tables"
+        per_method.append(f"- one LR in every cell: {', '.join(untuned)}" + (f" ({said})" if gone else ""))
     if not per_method:
         return []
     return ["Where a seed ran at one LR only, the table shows that run, not a choice:", "", *per_method, ""]
+
+
+def same_as_paper(rows: list[dict], tuned: dict, paper: dict) -> list[str]:
+    """The tagged rows run at one LR in every cell whose ``tuned`` cells (:func:`table`) are the ``paper`` ones."""
+    runs = defaultdict(set)
+    for (m, ablation, *_), tried in _lrs_run(rows).items():
+        if not ablation:
+            runs[m].add(len(tried))
+    own = {m: {c: v for c, v in tuned.items() if c[0] == m} for m in runs}
+    return [m for m, k in runs.items() if "[" in m and k == {1} and own[m]
+            and own[m] == {c: v for c, v in paper.items() if c[0] == m}]
 
 
 def _lrs_run(rows: list[dict]) -> dict:
@@ -1091,13 +1106,16 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         if not methods:
             continue
         table_cells[protocol] = {k: v for k, v in cells.items() if k[0] in methods}
+        same = same_as_paper(seg, cells, table_cells.get("paper", {})) if protocol == "tuned" else []
+        shown = [m for m in methods if m not in same]  # the best in bold is that of the rows shown
         lrs = sorted({r["lr"] for r in chosen if not r.get("ablation")})
         tried = _lrs_tried(seg)
         md += [f"## {heading}", "", f"LR(s) used: {', '.join(f'{x:g}' for x in lrs)}"
                + (f"; LRs tried per cell: {min(tried)} to {max(tried)}." if protocol == "tuned" else "."), "",
-               markdown_table(methods, columns, cells), "", *(one_lr_lines(seg) if protocol == "tuned" else []),
+               markdown_table(shown, columns, cells), "",
+               *(one_lr_lines(seg, same) if protocol == "tuned" else []),
                "Our mean minus the paper's (Dice points):", "",
-               gap_table(methods, columns, cells), "", *ordering_lines(methods, columns, cells),
+               gap_table(shown, columns, cells), "", *ordering_lines(methods, columns, cells),
                *(ordering_lines(methods, columns, cells, against[protocol], against_name) if protocol in against else []),
                *paired_table(chosen, pair_with),
                *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else []),

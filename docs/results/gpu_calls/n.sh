@@ -236,8 +236,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
-  # mtlr (as run below). Prepared, not run: mtlr12 (mtlr for seeds 1 and 2, one seed a lease, narrowed with
-  # REST='["mt_random_*_s1_*"]' in the FIRST call and ONLY='["pre_full", "*_s1_*"]' after it), rows2 and decdiag2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
+  # mtlr, decdiag2 but its RV runs (as run below). Prepared, not run: mtlr12 (mtlr for seeds 1 and 2, one seed a lease, narrowed with
+  # REST='["mt_random_*_s1_*"]' in the FIRST call and ONLY='["pre_full", "*_s1_*"]' after it), rows2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
   # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
   # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -324,3 +324,9 @@ exit 0
 #   LAST=1 JOBS=9 n.sh 330 mtlr (155 s: all 17 done), then by hand run_plan of the full method's [samepre] at 2 / 4
 #   scans, seed 0, three LRs, 18 at once, under timeout 330 in /tmp/w/n/mtlr: none ended (epochs 41-50 of 50).
 #   Device time 1,716 of 1,800 s.
+# As run (commit 574dc50, one nvidia-h100-x4 lease, 4 x H100; the decdiag2 calls, twenty-seventh session, the ACDC
+#   pack): FIRST=1 n.sh 588 decdiag2 (539 s: the four pre-trainings in 445-523 s), LAST=1 JOBS=12
+#   ONLY='["ft_*_lv_*"]' n.sh 560 decdiag2 (308 s: 12 done, 296-305 s), LAST=1 JOBS=12 ONLY='["ft_*_myo_*"]' n.sh 335
+#   decdiag2 then n.sh 200 cgsmoke (94 s: --finish_by held the 12 runs, expected_s 340 > 310 s; cgsmoke 89 s), the Myo
+#   line again with n.sh 385 (274 s: 12 done). RV's 12 fine-tunes not run. 1,534 s held (a 280 s start), and 181 s
+#   lost to three refused starts before it.
