@@ -122,11 +122,12 @@ def test_results_csvs_keep_six_significant_digits(tmp_path):
     path = ex.write_csv([{"name": "a", "test_dice": 0.8574790954589844, "lr": 2e-05}], ["name", "test_dice", "lr"],
                         tmp_path / "r.csv")
     assert path.read_text().splitlines() == ["name,test_dice,lr", "a,0.857479,2e-05"]
-    listed = subprocess.run(["git", "ls-files", "-z", "*.csv"], cwd=ROOT, capture_output=True)
+    listed = subprocess.run(["git", "ls-files", "-z", "*.csv", "*.csv.gz"], cwd=ROOT, capture_output=True)
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
     for f in filter(None, listed.stdout.decode().split("\0")):
-        values = (v.strip() for v in (ROOT / f).read_text().replace("\n", ",").split(","))
+        with rr.open_csv(ROOT / f) as text:
+            values = (v.strip() for v in text.read().replace("\n", ",").split(","))
         long = [v for v in values if ex.LONG_DECIMAL.fullmatch(v) and ex.short_float(v) != float(v)]
         assert not long, f"{f}: {len(long)} floats with more than 6 significant digits, e.g. {long[0]}"
 
@@ -202,7 +203,7 @@ def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):
     bin_dir, calls = _stand_in_bin(tmp_path, 4)
     (tmp_path / "w" / "acdc").mkdir(parents=True)
     (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
-    csv_path = "docs/results/acdc_paper_length/results_calls_mt2.csv"
+    csv_path = "docs/results/acdc_paper_length/results_calls_mt2.csv.gz"
     done = _run_n_sh(tmp_path, bin_dir, 100, "mt3", SKIP_COLLECTED=f'["{csv_path}"]')
     assert done.returncode == 0 and "phase mt3 ended" in done.stdout
     runner = [line for line in calls.read_text().splitlines() if " run_plan " in f" {line} "]
@@ -240,7 +241,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # after the p12 to p12d calls only Mean Teacher and MT + Ours at seed 2 are left, and the pre-training that
         # MT + Ours needs (.carry/p12 restores it, so the runner skips it)
         results = plan.parent.parent.parent / "promise12_paper_length"
-        left = ex.drop_collected(grid, [str(results / f"results_calls_{c}.csv") for c in ("p12", "p12b", "p12c", "p12d")])
+        left = ex.drop_collected(grid, [str(results / f"results_calls_{c}.csv.gz") for c in ("p12", "p12b", "p12c", "p12d")])
         assert [r.name for r in left] == ["pre_full"] + [f"mt_{i}_prostate_n{n}_s2_lr2e-4" for i in ("random", "pre_full")
                                                          for n in (4, 6, 8)]
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
@@ -268,10 +269,10 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(grid) == 40 and [r.meta["task"] for r in grid[4:16]] == ["lv"] * 12 and all(r.expected_s == 340 for r in grid[4:])
         assert {r.depends for r in grid[4:]} == {(n,) for n in pre} and {r.meta["lr"] for r in grid[4:]} == {1e-4}
         # the decdiag2 calls ran all but RV: what is left is RV's 12 fine-tunes, and the pre-trainings they need again
-        left = ex.drop_collected(grid, [str(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_decdiag2.csv")])
+        left = ex.drop_collected(grid, [str(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_decdiag2.csv.gz")])
         assert [r.name for r in left[:4]] == list(pre) and [r.meta["task"] for r in left[4:]] == ["rv"] * 12
     if plan.name == "rows2.json":  # the rest of rows: nothing the rows calls ran (their CSV), nothing rows lacks
-        with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv", newline="") as f:
+        with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv.gz") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
         rows = {r.name for r in ex.build_plan(plan.parent / "rows.json", "/d", tmp_path)}
         names = [r.name for r in grid]
@@ -293,7 +294,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         mt_ours = first + rest
         assert [r.name for r in grid] == (["pre_full"] + tsep[:2] + first + tsep[2:] + rest +
                                           ["mt_random_lv_n1_s0_lr1e-4_cw1_joint"])
-        with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_Z.csv", newline="") as f:
+        with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_Z.csv.gz") as f:
             assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid}  # nothing run twice
         assert {r.depends for r in grid if r.name in mt_ours} == {("pre_full",)} and {r.kind for r in grid[1:]} == {"meanteacher"}
         assert all(r.expected_s == 720 for r in grid[1:])
@@ -324,11 +325,11 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.depends for r in grid[9:]} == {("pre_full",), ()}
         assert {r.meta["labelled_scans"] for r in grid[1:] if r.name != names[17]} == {2, 4}
         # the next lease: what the mt3 calls collected is skipped; the pre-training runs again for seed 1
-        collected = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt3.csv"
+        collected = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt3.csv.gz"
         left = ex.drop_collected(grid, [str(collected)])
         assert [r.name for r in left] == ["pre_full"] + names[17:]
         # after the mt3b calls nothing is left, the pre-training included
-        assert ex.drop_collected(grid, [str(collected), str(collected.with_name("results_calls_mt3b.csv"))]) == []
+        assert ex.drop_collected(grid, [str(collected), str(collected.with_name("results_calls_mt3b.csv.gz"))]) == []
     if plan.name == "mt4.json":  # seed 2 at 2 and 4 scans: Mean Teacher for the first call's GPUs 1-3, then what
         # waits for pre_full (MT + Ours and [samepre] from one pre-training, which must end in the lease)
         # then [samepre]'s other two LRs, the LR choice from one pre-training (the mt3b calls ran seed 1's)
@@ -342,7 +343,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         mt3 = {r.name for r in ex.build_plan(plan.parent / "mt3.json", "/d", tmp_path)}
         assert not {r.name for r in grid[1:]} & mt3
         # the mt4 calls ran it all in one lease: nothing is left, the pre-training included
-        mt4_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt4.csv"
+        mt4_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt4.csv.gz"
         assert ex.drop_collected(grid, [str(mt4_csv)]) == []
     if plan.name == "mtlr.json":  # fairness for Mean Teacher: its other two LRs at 1 scan (1e-4 ran in z and mt2),
         # and MT + Ours at all three from one pre-training ([onepre], as the full method's), so that the LR chosen on
@@ -355,10 +356,10 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["method"] for r in grid[9:]} == {"MT + Ours [onepre]"} and {r.meta["labelled_scans"] for r in grid[1:7]} == {1}
         assert [r.name for r in grid[7:9]] == ["mt_random_lv_n2_s0_lr1e-4_cw1_ct", "mt_random_rv_n2_s0_lr1e-4_cw1_ct"]
         assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--compile_teacher"] == "True" for r in grid[7:9])
-        with open(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt2.csv", newline="") as f:
+        with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mt2.csv.gz") as f:
             assert not {row["name"] for row in csv.DictReader(f)} & {r.name for r in grid[1:]}  # new names only
         # the mtlr calls ran it all in one lease (pre_full renamed pre_full_mtlr): nothing is left
-        mtlr_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mtlr.csv"
+        mtlr_csv = plan.parent.parent.parent / "acdc_paper_length" / "results_calls_mtlr.csv.gz"
         assert ex.drop_collected(grid, [str(mtlr_csv)]) == []
     if plan.name == "mtlr12.json":  # mtlr for seeds 1 and 2 (no [ct]): one seed a lease, each with its own pre-training
         assert len(grid) == 31 and grid[0].name == "pre_full" and {r.meta["seed"] for r in grid[1:]} == {1, 2}
@@ -367,7 +368,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         first = ex.narrow_runs(grid, ["pre_full", "*_s1_*"])  # the first lease's ONLY: its seed and the pre-training
         assert len(first) == 16 and {r.meta["seed"] for r in first[1:]} == {1}
         results = plan.parent.parent.parent / "acdc_paper_length"  # nothing of it collected yet, no name taken
-        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv")) if not p.name.endswith("_per_scan.csv")]
+        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
         assert ex.drop_collected(grid, csvs) == grid
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
@@ -377,7 +378,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(tsep) == 8 and all(a["--joint_teacher_batch"] == "False" for a in tsep)
         plans = plan.parent
         y = {r.name for r in ex.build_plan(plans / "y.json", "/d", tmp_path)}
-        with open(plans.parent.parent / "acdc_paper_length" / "results_calls_Y.csv", newline="") as f:
+        with rr.open_csv(plans.parent.parent / "acdc_paper_length" / "results_calls_Y.csv.gz") as f:
             ran = {row["name"] for row in csv.DictReader(f)}
         # the rest of y, nothing run twice; [unlab] at weight 0 is [gamma]'s weight 0 but for the labelled view: dropped
         assert {r.name for r in grid[16:29]} == y - ran - {r.name for r in grid[:16]} - {"mt_random_myo_n1_s0_lr1e-4_cw0_unlab"}
@@ -998,7 +999,7 @@ def smoke_work(tmp_path_factory):
     return work, grid
 
 
-def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
+def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work, tmp_path):
     work, grid = smoke_work
     path = ex.collect(work)
     with open(path, newline="") as f:
@@ -1027,6 +1028,16 @@ def test_smoke_grid_runs_every_bundle_and_collects_one_row_per_run(smoke_work):
         assert len(mine) == int(r["test_scans"]) and sum(mine) / len(mine) == pytest.approx(float(r["test_dice"]), abs=1e-5)
     read = rr.read_per_scan([path.with_name("results_per_scan.csv")])
     assert {name: len(d) for name, d in read.items()} == {r["name"]: int(r["test_scans"]) for r in seg}
+    # the committed form: gzipped, both files, without a name or time stamp (the same rows, the same bytes), read as
+    # the plain ones are; a name that is not a CSV's is refused before anything is written
+    gz = ex.collect(work, str(work / "results_calls_X.csv.gz"))
+    first = gz.read_bytes()
+    assert ex.collect(work, str(gz)).read_bytes() == first and first[:2] == b"\x1f\x8b"
+    assert rr.read_rows([gz]) == rr.read_rows([path])
+    assert rr.read_per_scan([work / "results_calls_X_per_scan.csv.gz"]) == read
+    with pytest.raises(ex.ExperimentError, match=r"results\.txt: a results CSV's name must end in \.csv or \.csv\.gz"):
+        ex.collect(work, str(tmp_path / "results.txt"))
+    assert not (tmp_path / "results.txt").exists()
     # resumable: a second call runs nothing
     assert ex.run_grid(grid, work, jobs=2, log=lambda s: None)["skipped_existing"] == len(grid)
 
@@ -1601,8 +1612,8 @@ def test_portable_command_keeps_the_settings_and_drops_the_paths():
                                 "--overrides", '{"x": 1}', "--seed", "0"]
     assert ex.settings_of(got) == ex.settings_of(cmd) and ex.portable_command(got) == got
     assert "--pretrained None" in ex.portable_command("py -m x --pretrained None --seed 1")
-    for csv_path in sorted((ROOT / "docs" / "results").rglob("*.csv")):  # the committed CSVs were converted in place
-        with open(csv_path, newline="") as f:
+    for csv_path in sorted((ROOT / "docs" / "results").rglob("*.csv.gz")):  # the committed CSVs were converted in place
+        with rr.open_csv(csv_path) as f:
             commands = [r["command"] for r in csv.DictReader(f) if r.get("command")]
         assert all(c == ex.portable_command(c) for c in commands), csv_path
 
@@ -1687,6 +1698,11 @@ def test_rename_pretraining_renames_the_row_and_its_fine_tunes_init_or_nothing(t
     assert got[0]["panel"] == "runs/pre_ours_mi_cc_rows2/panels/c.png"
     with pytest.raises(ex.ExperimentError, match="no such results CSV"):
         ex.rename_pretraining(tmp_path / "none.csv", "a", "b")
+    # the committed results are gzipped: renamed in place, still gzip, the same text as the plain CSV renamed
+    gz = ex.write_csv(rows, ["name", "kind", "init", "panel"], tmp_path / "results.csv.gz")
+    assert gz.read_bytes()[:2] == b"\x1f\x8b" and ex.rename_pretraining(gz, "pre_ours_mi_cc", "pre_ours_mi_cc_rows2") == 1
+    with rr.open_csv(gz) as f:
+        assert f.read() == path.read_bytes().decode()
 
 
 def test_ordering_against_another_report_counts_untagged_rows_in_its_order_and_cells_round_trip(tmp_path):

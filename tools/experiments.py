@@ -31,6 +31,8 @@ from __future__ import annotations
 import ast
 import csv
 import fnmatch
+import gzip
+import io
 import json
 import math
 import os
@@ -267,7 +269,9 @@ def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
         path = Path(p)
         if not path.is_file():
             raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
-        with open(path, newline="") as f:
+        from results_report import open_csv
+
+        with open_csv(path) as f:
             reader = csv.DictReader(f)
             if "name" not in (reader.fieldnames or []):
                 raise ExperimentError(f"{path}: expected a results CSV with a name column, got columns "
@@ -865,15 +869,28 @@ def short_float(value):
 
 def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     """``rows`` as a CSV with columns ``keys``, floats to :func:`short_float`'s precision, written to a temporary file
-    and renamed (never half-written)."""
+    and renamed (never half-written). A ``*.gz`` path is gzip-compressed without a name or time stamp, so the same
+    rows give the same bytes (the committed results under ``docs/results`` are ``*.csv.gz``)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=keys, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: short_float(v) for k, v in row.items()} for row in rows)
+    data = text.getvalue().encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: short_float(v) for k, v in row.items()} for row in rows)
+    with os.fdopen(fd, "wb") as f:
+        f.write(gzip.compress(data, compresslevel=9, mtime=0) if path.suffix == ".gz" else data)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
+
+
+def per_scan_path(path: Path) -> Path:
+    """The per-scan CSV beside a results CSV: ``X.csv`` -> ``X_per_scan.csv``, ``X.csv.gz`` -> ``X_per_scan.csv.gz``."""
+    name = path.name
+    for ext in (".csv.gz", ".csv"):
+        if name.endswith(ext):
+            return path.with_name(name[: -len(ext)] + "_per_scan" + ext)
+    raise ExperimentError(f"{path}: a results CSV's name must end in .csv or .csv.gz")
 
 
 def trains_cluster_head(variant_configs) -> bool:
@@ -954,7 +971,8 @@ def per_scan_table(runs: dict[str, list[tuple[str, object]]]) -> tuple[list[str]
 def collect(work_dir, csv_path: str | None = None) -> Path:
     """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``; each run's
     training command as :func:`portable_command` writes it), and the test Dice of every scan into
-    ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table)."""
+    ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table). ``csv_path`` ``X.csv.gz`` writes
+    both gzip-compressed, as the committed results are."""
     work = Path(work_dir)
     rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not rows:
@@ -969,10 +987,11 @@ def collect(work_dir, csv_path: str | None = None) -> Path:
             row["command"] = portable_command(row["command"])
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
+    per_scan = per_scan_path(path)  # checks the name before anything is written
     scans = per_scan_dice(work, rows)
     if scans:
         scan_keys, table = per_scan_table(scans)
-        write_csv(table, scan_keys, path.with_name(f"{path.stem}_per_scan.csv"))
+        write_csv(table, scan_keys, per_scan)
     return write_csv(rows, keys, path)
 
 
@@ -984,7 +1003,9 @@ def rename_pretraining(csv_path, old: str, new: str) -> int:
     path = Path(csv_path)
     if not path.is_file():
         raise ExperimentError(f"{path}: no such results CSV (expected one written by collect)")
-    with open(path, newline="") as f:
+    from results_report import open_csv
+
+    with open_csv(path) as f:
         reader = csv.DictReader(f)
         keys, rows = list(reader.fieldnames or []), list(reader)
     if not {"name", "kind", "init"} <= set(keys):
@@ -1108,7 +1129,7 @@ class CLI:
         ``finish_by``: seconds from now by which the runner must be done (the last call of a GPU lease, whose cut runs
         are lost with the machine): a fresh run of a grid with ``expected_s`` starts only if it should end in time,
         and a later, shorter one may take its slot (see :func:`run_grid`). ``skip_collected``: results CSVs of earlier
-        leases (``'["docs/results/X/results_calls_Y.csv"]'``) whose runs are left out (see :func:`drop_collected`)."""
+        leases (``'["docs/results/X/results_calls_Y.csv.gz"]'``) whose runs are left out (see :func:`drop_collected`)."""
         try:  # fire gives --dry_run false as the string 'false', which is truthy
             require_flags({"dry_run": dry_run})
         except ValueError as e:

@@ -23,6 +23,7 @@ seed, the LR of the grid with the best validation Dice; its test Dice is reporte
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -87,6 +88,13 @@ class ReportError(ValueError):
     """A results CSV that cannot be reported."""
 
 
+def open_csv(path):
+    """A CSV for reading as text: ``*.gz`` (the committed results under ``docs/results``, ``gzip -n``) decompressed,
+    any other path as it is."""
+    path = Path(path)
+    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else open(path, newline="")
+
+
 def read_rows(csv_paths) -> list[dict]:
     """The runs of the CSVs (pre-trainings and segmentation runs with a test Dice), numeric fields converted.
     A run name found in several CSVs (the same cell run again, e.g. in a later GPU call) is taken from the last
@@ -98,7 +106,7 @@ def read_rows(csv_paths) -> list[dict]:
         path = Path(path)
         if not path.is_file():
             raise ReportError(f"{path}: no such results CSV (tools/experiments.py collect writes it)")
-        with open(path, newline="") as f:
+        with open_csv(path) as f:
             reader = csv.DictReader(f)
             missing = {"method", "task", "labelled_scans", "seed", "lr", "test_dice", "val_dice"} - set(reader.fieldnames or [])
             if missing:
@@ -138,7 +146,7 @@ def read_per_scan(csv_paths) -> dict[str, list[tuple[str, float]]]:
         if not path.is_file():
             raise ReportError(f"{path}: no such per-scan CSV (tools/experiments.py collect writes <results>_per_scan.csv)")
         fresh: dict[str, list[tuple[str, float]]] = {}
-        with open(path, newline="") as f:
+        with open_csv(path) as f:
             reader = csv.DictReader(f)
             columns = list(reader.fieldnames or [])
             if "name" not in columns or len(columns) < 2:

@@ -56,7 +56,7 @@ plan_runner() {  # plan_runner PLAN_FILE [ONLY]: run_plan in the foreground, in 
   # LAST=1 (the last call of a lease, whose cut runs are lost with the machine): --finish_by, so that a fresh run
   # whose grid's expected_s would not end before the runner's timeout (less 10 s) is held, and a shorter one runs.
   # SKIP_COLLECTED (a later lease of a plan): the committed results CSVs of its earlier leases, whose runs it skips,
-  # e.g. SKIP_COLLECTED='["docs/results/acdc_paper_length/results_calls_mt3.csv"]'.
+  # e.g. SKIP_COLLECTED='["docs/results/acdc_paper_length/results_calls_mt3.csv.gz"]'.
   NAME=$(basename "$1" .json); PNG_RUNS=$NAME; local budget=$(( $(left) - 25 ))
   CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout -k 30 $budget python tools/experiments.py run_plan "$1" \
     --dataset_dir $D --work_dir $W/$NAME --gpus $(echo ${GPUS:-0,1} | tr ',' '\n' | wc -l) --jobs ${JOBS:-12} \
