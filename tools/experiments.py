@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "bundles"
 sys.path.insert(0, str(BUNDLES))
 from bim_common.flags import require_flags  # noqa: E402  (torch-free, so the runner stays light)
+from results_report import open_csv  # noqa: E402  (reads the committed *.csv.gz too; torch-free)
 
 PRETRAIN_TRAIN = "bundles/pretrain_bim/configs/train.json"
 PRETRAIN_PATHS = "bundles/pretrain_bim/configs/path_dependence.json"
@@ -269,8 +270,6 @@ def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
         path = Path(p)
         if not path.is_file():
             raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
-        from results_report import open_csv
-
         with open_csv(path) as f:
             reader = csv.DictReader(f)
             if "name" not in (reader.fieldnames or []):
@@ -1003,8 +1002,6 @@ def rename_pretraining(csv_path, old: str, new: str) -> int:
     path = Path(csv_path)
     if not path.is_file():
         raise ExperimentError(f"{path}: no such results CSV (expected one written by collect)")
-    from results_report import open_csv
-
     with open_csv(path) as f:
         reader = csv.DictReader(f)
         keys, rows = list(reader.fieldnames or []), list(reader)

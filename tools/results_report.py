@@ -89,8 +89,8 @@ class ReportError(ValueError):
 
 
 def open_csv(path):
-    """A CSV for reading as text: ``*.gz`` (the committed results under ``docs/results``, ``gzip -n``) decompressed,
-    any other path as it is."""
+    """A CSV for reading as text: ``*.gz`` (the committed results under ``docs/results``, written by
+    ``experiments.write_csv``) decompressed, any other path as it is."""
     path = Path(path)
     return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else open(path, newline="")
 
