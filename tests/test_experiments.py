@@ -367,9 +367,14 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["lr"] for r in grid[1:13]} == {2e-5, 5e-4} and {r.meta["method"] for r in grid[13:]} == {"MT + Ours [onepre]"}
         first = ex.narrow_runs(grid, ["pre_full", "*_s1_*"])  # the first lease's ONLY: its seed and the pre-training
         assert len(first) == 16 and {r.meta["seed"] for r in first[1:]} == {1}
-        results = plan.parent.parent.parent / "acdc_paper_length"  # nothing of it collected yet, no name taken
+        # the mtlr12 calls ran seed 1 (pre_full renamed pre_full_mtlr1) and seed 2's random-init runs: what is left is
+        # seed 2's MT + Ours [onepre] at three LRs and the pre-training they need, under a name no other CSV took
+        results = plan.parent.parent.parent / "acdc_paper_length"
         csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
-        assert ex.drop_collected(grid, csvs) == grid
+        left = ex.drop_collected(grid, csvs)
+        assert left[0].name == "pre_full" and len(left) == 10 and {r.meta["seed"] for r in left[1:]} == {2}
+        assert {r.meta["method"] for r in left[1:]} == {"MT + Ours [onepre]"} and all(r.depends == ("pre_full",) for r in left[1:])
+        assert ex.narrow_runs(grid, ["pre_full", "mt_pre_full_*_s2_*"]) == left  # the next lease's ONLY
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name

@@ -236,8 +236,9 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
   fi ;;
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
-  # mtlr, decdiag2 but its RV runs (as run below). Prepared, not run: mtlr12 (mtlr for seeds 1 and 2, one seed a lease, narrowed with
-  # REST='["mt_random_*_s1_*"]' in the FIRST call and ONLY='["pre_full", "*_s1_*"]' after it), rows2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
+  # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; that is left for a lease of its own:
+  # FIRST=1 REST_GPUS=none n.sh 588 mtlr12, then ONLY='["pre_full", "mt_pre_full_*_s2_*"]' JOBS=9 n.sh 588 mtlr12 and
+  # the same with LAST=1 if a run was cut). Prepared, not run: rows2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
   # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
   # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -330,3 +331,9 @@ exit 0
 #   decdiag2 then n.sh 200 cgsmoke (94 s: --finish_by held the 12 runs, expected_s 340 > 310 s; cgsmoke 89 s), the Myo
 #   line again with n.sh 385 (274 s: 12 done). RV's 12 fine-tunes not run. 1,534 s held (a 280 s start), and 181 s
 #   lost to three refused starts before it.
+# As run (commit 2358fa7, one nvidia-h100-x4 lease, 4 x H100; the mtlr12 calls, twenty-eighth session, the ACDC pack;
+#   a quick start, about 50 s): FIRST=1 JOBS=6 REST='["mt_random_*_s1_*"]' n.sh 588 mtlr12 (544 s: pre_full in 530 s,
+#   the six random-init runs of seed 1 on GPUs 1-3 in 468-483 s), ONLY='["pre_full", "*_s1_*"]' JOBS=9 n.sh 588 mtlr12
+#   (563 s: the nine MT + Ours [onepre] of seed 1 in 451-560 s, all ended), ONLY='["mt_random_*_s2_*"]' JOBS=6 n.sh
+#   588 mtlr12 (456 s: seed 2's six random-init runs on 4 GPUs in 352-452 s). 1,684 s held; pre_full renamed
+#   pre_full_mtlr1 in the CSV.
