@@ -95,6 +95,42 @@ def test_a_plan_runs_several_grids_as_one_and_shares_their_pretrainings(tmp_path
         "pre_full", "ft_random_lv_n1_s0_lr1e-4_aug", "ft_pre_full_lv_n1_s0_lr1e-4_aug"]
 
 
+def test_a_plan_includes_the_runs_of_other_plans_that_its_only_names(tmp_path):
+    # one lease can run the remainders of two plans: an include takes the named runs of another plan file, relative
+    # to the including file, with the pre-trainings they need and their expected_s, without copying its grids
+    cell = {"preset": "acdc_fast", "tasks": "lv", "counts": 1, "seeds": [0, 1], "lrs": 1e-4}
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.json").write_text(json.dumps([{**cell, "methods": ["Baseline", "Contrast (Enc) + Ours (Dec)"],
+                                                          "expected_s": 300}]))
+    (tmp_path / "sub" / "b.json").write_text(json.dumps([{**cell, "methods": ["IIC (Dec)"]}]))
+    both = tmp_path / "sub" / "both.json"
+    both.write_text(json.dumps([{"plan": "a.json", "only": ["ft_pre_full_*_s1_*"]}, {"plan": "b.json"},
+                                {**cell, "seeds": 2, "methods": ["Baseline"]}]))
+    grid = ex.build_plan(both, "/d", tmp_path)
+    assert [r.name for r in grid] == ["pre_full", "pre_iic_dec", "ft_pre_full_lv_n1_s1_lr1e-4", "ft_pre_iic_dec_lv_n1_s0_lr1e-4",
+                                      "ft_pre_iic_dec_lv_n1_s1_lr1e-4", "ft_random_lv_n1_s2_lr1e-4"]
+    assert [r.expected_s for r in grid[2:4]] == [300.0, None]
+    # from the command line, narrowed again by --only
+    assert [r.name for r in ex.build_plan(str(both), "/d", tmp_path, only=["ft_pre_iic_*_s1_*"])] == [
+        "pre_iic_dec", "ft_pre_iic_dec_lv_n1_s1_lr1e-4"]
+
+
+@pytest.mark.parametrize("entries, match", [
+    ([{"plan": "a.json", "expected_s": 10}], r"plan entry 0: an include takes only \['plan', 'only'\]"),
+    ([{"plan": "a"}], "plan entry 0: an include takes only"),
+    ([{"plan": "a.json", "only": "ft_*"}], "plan entry 0: an include's 'only' must be a non-empty list"),
+    ([{"plan": "missing.json"}], r"plan entry 0 of .*p\.json: includes missing\.json, but .*missing\.json is no file"),
+    ([{"plan": "loop.json"}], r"plan entry 0 of .*loop\.json: including loop\.json makes a cycle: p\.json -> loop\.json -> loop\.json"),
+    ([{"tasks": "lv"}], "plan entry 0: expected an object with a 'preset' \\(a grid\\) or a 'plan'"),
+])
+def test_bad_includes_are_named(tmp_path, entries, match):
+    (tmp_path / "a.json").write_text(json.dumps([{"preset": "acdc_fast", "tasks": "lv", "counts": 1, "seeds": 0}]))
+    (tmp_path / "loop.json").write_text(json.dumps([{"plan": "loop.json"}]))
+    (tmp_path / "p.json").write_text(json.dumps(entries))
+    with pytest.raises(ex.ExperimentError, match=match):
+        ex.build_plan(tmp_path / "p.json", "/d", tmp_path)
+
+
 def test_the_repository_stays_small_enough_to_carry_beside_the_acdc_pack():
     # a GPU call carries the working tree (tracked files) with .device (the ACDC pack: 64,106,853 bytes after
     # prepare.sh acdc) under the device's 64 MiB (67,108,864 bytes): 3.0 MB for the tracked files, of which the
@@ -279,6 +315,18 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(names) == 52 and not set(names) & ran and set(names) - rows == {
             f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)}
         assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:])
+    if plan.name == "rows2_ours_mtlr12_s2.json":  # one lease: rows2's Ours (Dec) rows and what mtlr12 left, included
+        results = plan.parent.parent.parent / "acdc_paper_length"
+        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
+        mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), csvs)
+        rows2 = ex.build_plan(plan.parent / "rows2.json", "/d", tmp_path)
+        ours = [r for r in rows2 if "ours_mi_cc" in r.name]
+        assert [r.name for r in grid] == ["pre_full", "pre_ours_mi_cc"] + [r.name for r in mtlr12_left[1:] + ours[1:]]
+        assert [r.commands for r in grid[2:]] == [r.commands for r in mtlr12_left[1:] + ours[1:]]
+        assert [r.expected_s for r in grid[2:]] == [560.0] * 9 + [340.0] * 18  # the long ones first
+        # rows2's other lease (ONLY in ../README.md, Next steps 6) and this one share no run and leave none of rows2 out
+        other = ex.narrow_runs(rows2, ["ft_pre_iic_dec_*", "ft_pre_contrast_enc_*", "ft_random_*"])
+        assert not {r.name for r in other} & {r.name for r in grid} and len(other) + len(ours) == len(rows2)
     if plan.name == "rows.json":  # the other Table 1 rows: 3 pre-trainings, 1 scan first, then [dicece], then 2 and 4
         assert [r.name for r in grid[:3]] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 93
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
@@ -1428,6 +1476,12 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                             ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
     ("mtlr", {"JOBS": "6"}, [("0", "mtlr.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                              ("1,2,3", "mtlr.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
+    # rows2 in two leases: its IIC (Dec) and Contrast (Enc) pre-trainings on GPUs 0-1, [dicece] three a GPU on 2-3;
+    # then the plan that includes its Ours (Dec) rows and mtlr12's rest: its two pre-trainings, nothing else
+    ("rows2", {"JOBS": "6", "PRE": '["pre_iic_dec", "pre_contrast_enc"]', "PRE_GPUS": "0,1", "REST_GPUS": "2,3"},
+     [("0,1", "rows2.json", "--gpus 2 --jobs 2 --only [\"pre_iic_dec\", \"pre_contrast_enc\"]"),
+      ("2,3", "rows2.json", "--gpus 2 --jobs 6 --only [\"ft_random_*\"]")]),
+    ("rows2_ours_mtlr12_s2", {}, [("0,1", "rows2_ours_mtlr12_s2.json", "--gpus 2 --jobs 2 --only [\"pre_*\"]")]),
     # mtlr12, one seed a lease: REST narrows the first call's random-init runs to that seed
     ("mtlr12", {"JOBS": "6", "REST": '["mt_random_*_s1_*"]'},
      [("0", "mtlr12.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),

@@ -425,15 +425,19 @@ def is_positive_seconds(value) -> bool:
 
 PLAN_KEYS = ("preset", "tasks", "counts", "seeds", "lrs", "methods", "only", "tag", "overrides", "pretrain_overrides",
              "mt_weights", "expected_s")
+INCLUDE_KEYS = ("plan", "only")  # a plan entry that takes another plan's runs, narrowed
 
 
 def read_plan(plan) -> list[dict]:
-    """A plan: a list of grids, each a dict of :func:`build_grid`'s arguments (``preset`` and optionally ``PLAN_KEYS``),
-    given as a list or as the path of a JSON file holding one."""
+    """A plan: a list of entries, given as a list or as the path of a JSON file holding one. An entry is a grid, a
+    dict of :func:`build_grid`'s arguments (``preset`` and optionally ``PLAN_KEYS``), or an include,
+    ``{"plan": "other.json", "only": ["ft_pre_x_*"]}``: the runs of another plan file (a path relative to the
+    including file's folder) that ``only`` names, with the pre-trainings they need (:func:`narrow_runs`), so that one
+    lease can run the remainders of two plans without copying their grids."""
     if isinstance(plan, (str, Path)):
         path = Path(plan)
         if not path.is_file():
-            raise ExperimentError(f"plan {plan!r}: no such JSON file (expected a list of grids such as "
+            raise ExperimentError(f"plan {str(plan)!r}: no such JSON file (expected a list of grids such as "
                                   '[{"preset": "acdc_fast", "tag": "long", "overrides": {"epochs": 50}}])')
         try:
             plan = json.loads(path.read_text())
@@ -442,8 +446,19 @@ def read_plan(plan) -> list[dict]:
     if not isinstance(plan, (list, tuple)) or not plan:
         raise ExperimentError(f"plan: expected a non-empty list of grids, got {type(plan).__name__}")
     for i, entry in enumerate(plan):
+        if isinstance(entry, dict) and "plan" in entry:
+            unknown = sorted(set(entry) - set(INCLUDE_KEYS))
+            if unknown or not isinstance(entry["plan"], str) or not entry["plan"].endswith(".json"):
+                raise ExperimentError(f"plan entry {i}: an include takes only {list(INCLUDE_KEYS)}, 'plan' the name of "
+                                      f"a plan file (.json), got {entry!r}")
+            only = entry.get("only")
+            if only is not None and not (isinstance(only, list) and only and all(isinstance(o, str) for o in only)):
+                raise ExperimentError(f"plan entry {i}: an include's 'only' must be a non-empty list of run-name "
+                                      f"patterns, got {only!r}")
+            continue
         if not isinstance(entry, dict) or "preset" not in entry:
-            raise ExperimentError(f"plan entry {i}: expected an object with a 'preset', got {entry!r}")
+            raise ExperimentError(f"plan entry {i}: expected an object with a 'preset' (a grid) or a 'plan' (an "
+                                  f"include), got {entry!r}")
         unknown = sorted(set(entry) - set(PLAN_KEYS))
         if unknown:
             raise ExperimentError(f"plan entry {i}: unknown keys {unknown}; allowed: {list(PLAN_KEYS)}")
@@ -453,17 +468,30 @@ def read_plan(plan) -> list[dict]:
     return [dict(e) for e in plan]
 
 
-def build_plan(plan, dataset_dir: str, work_dir: str, only=None) -> list[Run]:
-    """The runs of every grid of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
+def build_plan(plan, dataset_dir: str, work_dir: str, only=None, _including: tuple = ()) -> list[Run]:
+    """The runs of every entry of ``plan`` (see :func:`read_plan`) in one list, pre-trainings first, so that one runner
     spreads them all over its GPUs; a grid's ``expected_s`` becomes its runs' estimate (for ``run_grid``'s
-    ``finish_by``). A run that several grids share (the same name, e.g. an untagged pre-training) is
-    kept once; the same name with other commands (e.g. one tag given two meanings) is an error. ``only``: run-name
-    patterns that narrow the whole plan (see :func:`narrow_runs`), e.g. one pre-training for a GPU of its own."""
+    ``finish_by``); an include brings the runs of another plan as that plan gives them. A run that several entries
+    share (the same name, e.g. an untagged pre-training) is kept once; the same name with other commands (e.g. one tag
+    given two meanings) is an error. ``only``: run-name patterns that narrow the whole plan (see
+    :func:`narrow_runs`), e.g. one pre-training for a GPU of its own."""
+    here = Path(plan).resolve() if isinstance(plan, (str, Path)) else None
     runs: dict[str, Run] = {}
     for i, entry in enumerate(read_plan(plan)):
-        expected_s = entry.pop("expected_s", None)
-        for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry):
-            r = replace(r, expected_s=None if expected_s is None else float(expected_s))
+        if "plan" in entry:
+            other = ((here.parent if here else Path.cwd()) / entry["plan"]).resolve()
+            if not other.is_file():
+                raise ExperimentError(f"plan entry {i}{f' of {here}' if here else ''}: includes {entry['plan']}, but "
+                                      f"{other} is no file (an include names a plan file beside the including one)")
+            if other in _including or other == here:
+                chain = " -> ".join(p.name for p in (*_including, here, other) if p)
+                raise ExperimentError(f"plan entry {i} of {here}: including {entry['plan']} makes a cycle: {chain}")
+            grid = build_plan(other, dataset_dir, work_dir, entry.get("only"), (*_including, *([here] if here else [])))
+        else:
+            expected_s = entry.pop("expected_s", None)
+            grid = [replace(r, expected_s=None if expected_s is None else float(expected_s))
+                    for r in build_grid(dataset_dir=dataset_dir, work_dir=work_dir, **entry)]
+        for r in grid:
             if r.name in runs and runs[r.name].commands != r.commands:
                 raise ExperimentError(f"plan entry {i}: run {r.name} is in an earlier grid with other commands "
                                       "(give this grid its own --tag)")
@@ -1120,7 +1148,8 @@ class CLI:
     def run_plan(self, plan, dataset_dir: str | None, work_dir: str, jobs: int = 1, gpus=None,
                  dry_run: bool = False, only=None, finish_by: float | None = None, skip_collected=None) -> None:
         """Execute several grids as one (see :func:`build_plan`): ``plan`` is a JSON file (or list) of grids, each
-        ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments. One runner then
+        ``{"preset": ..., "tasks": ..., "tag": ..., "overrides": {...}}`` as ``run``'s arguments, or includes of another
+        plan's runs, ``{"plan": "other.json", "only": ["ft_pre_x_*"]}`` (see :func:`read_plan`). One runner then
         balances all of their runs over ``gpus``, which separate runners, blind to each other, cannot.
         ``only``: run-name patterns narrowing the whole plan (``'["pre_full"]'``). ``dry_run``: print the runs.
         ``finish_by``: seconds from now by which the runner must be done (the last call of a GPU lease, whose cut runs

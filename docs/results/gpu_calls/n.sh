@@ -13,7 +13,8 @@
 #       cuDNN A/B if time is left).
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
-#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with FIRST and LAST (below).
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 rows2_ours_mtlr12_s2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
+#   FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -234,11 +235,16 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3 calls: plans/$PHASE.json.
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|rows2_ours_mtlr12_s2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3
+  # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; that is left for a lease of its own:
   # FIRST=1 REST_GPUS=none n.sh 588 mtlr12, then ONLY='["pre_full", "mt_pre_full_*_s2_*"]' JOBS=9 n.sh 588 mtlr12 and
-  # the same with LAST=1 if a run was cut). Prepared, not run: rows2 (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
+  # the same with LAST=1 if a run was cut). Prepared, not run: rows2 in two leases (../README.md, Next steps 6): its
+  # IIC (Dec) and Contrast (Enc) rows and [dicece] as rows2 narrowed (FIRST=1 PRE='["pre_iic_dec", "pre_contrast_enc"]'
+  # PRE_GPUS=0,1 REST_GPUS=2,3 JOBS=6, then ONLY='["ft_pre_iic_dec_*", "ft_pre_contrast_enc_*"]'), its Ours (Dec) rows
+  # with the rest of mtlr12 as plan rows2_ours_mtlr12_s2 (two includes; FIRST=1 puts its two pre-trainings on GPUs 0
+  # and 1, nothing else); or rows2 whole (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
   # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
   # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -252,6 +258,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan
   case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
+  [ $PHASE = rows2_ours_mtlr12_s2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1}; REST_GPUS=${REST_GPUS:-none}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
   probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it,
     # with the arguments it was trained with (experiments.py probe; a variant without a cluster head is skipped)
