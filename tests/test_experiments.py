@@ -1279,11 +1279,21 @@ def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_sam
     full = next(line for line in lines if line.startswith("| Contrast (Enc) + Ours (Dec) |"))
     # 3 pairs (RV 4 has no baseline run): +30, -5, +30 -> 2 wins, mean +18.3; paper: LV 1 twice, RV 2 once
     paper = ((84.48 - 67.13) * 2 + (79.73 - 60.50)) / 3
-    assert full == f"| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | +18.3 (-5.0 to +30.0) | {paper:+.1f} |"
+    # the sign test: 2 wins, 1 loss -> p = 2 * (C(3,2) + C(3,3)) / 8 = 1
+    assert full == f"| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | 1.00 | +18.3 (-5.0 to +30.0) | {paper:+.1f} |"
     ours = next(line for line in lines if line.startswith("| Ours (Dec) MI+CC [x] |"))
-    assert "| Baseline [long] | 1 | 1 | +2.0 (+2.0 to +2.0) | +16.9 |" in ours  # 84.04 - 67.13, the paper's rows
-    assert any(line.startswith("| Baseline [long] | Baseline | 1 | 0 | -5.0") and line.endswith("| – |") for line in lines)
+    assert "| Baseline [long] | 1 | 1 | 1.00 | +2.0 (+2.0 to +2.0) | +16.9 |" in ours  # 84.04 - 67.13, the paper's rows
+    assert any(line.startswith("| Baseline [long] | Baseline | 1 | 0 | 1.00 | -5.0") and line.endswith("| – |") for line in lines)
+    assert "| method | against | pairs | wins | p | mean gain (range) | paper's gain |" in lines
     assert rr.paired_table([r for r in rows if r["method"] != "Baseline"]) == []  # no reference runs: no table
+
+
+def test_the_sign_test_gives_the_exact_binomial_tail_both_ways():
+    # all of n pairs won: p = 2 / 2^n; 26 of 27 (MT + Ours against Mean Teacher): 2 * 28 / 2^27
+    assert rr.sign_test_p(3, 0) == rr.sign_test_p(0, 3) == 0.25 and rr.sign_test_p(6, 0) == 2 / 64
+    assert rr.sign_test_p(5, 1) == 2 * (6 + 1) / 64 and rr.sign_test_p(26, 1) == 2 * 28 / 2 ** 27
+    assert rr.sign_test_p(2, 2) == rr.sign_test_p(0, 0) == 1.0  # capped at 1; no pairs, no evidence
+    assert [rr._p_text(p) for p in (0.21875, 0.0078125, 4.2e-7)] == ["0.22", "0.008", "<0.001"]
 
 
 def test_report_refuses_pair_with_labels_that_are_not_rows(tmp_path):
@@ -1341,17 +1351,17 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     assert (tmp_path / "README.md").read_text() == committed
     assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert "![cluster panels of the decdiag calls](cluster_panels_decdiag.png)" in committed  # report_panels_note.md
-    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | <0.001 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
 
 
 @pytest.mark.parametrize("name, line", [
     # the [pre10k] rows are paired with the baseline of their own fine-tuning length and augmentation
-    ("acdc_fast", "| Contrast (Enc) + Ours (Dec) [pre10k] | Baseline [long] | 15 | 15 | +31.6 (+14.5 to +52.3) | +16.9 |"),
-    ("promise12_fast", "| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | +0.2 (-2.7 to +2.8) | +10.9 |"),
+    ("acdc_fast", "| Contrast (Enc) + Ours (Dec) [pre10k] | Baseline [long] | 15 | 15 | <0.001 | +31.6 (+14.5 to +52.3) | +16.9 |"),
+    ("promise12_fast", "| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | 1.00 | +0.2 (-2.7 to +2.8) | +10.9 |"),
     # the p12 to p12d calls: Baseline and the full method at the paper's lengths, then Mean Teacher and MT + Ours at
     # 4 / 6 / 8 scans, seeds 0-1, MT + Ours paired with Mean Teacher (the paper's claim between the two)
     ("promise12_paper_length", "| Baseline | 76.93 (2.69) | 81.15 (1.42) | 82.78 (1.32) |"),
-    ("promise12_paper_length", "| MT + Ours | Mean Teacher | 6 | 4 | +0.8 (-1.6 to +2.7) | +0.7 |"),
+    ("promise12_paper_length", "| MT + Ours | Mean Teacher | 6 | 4 | 0.69 | +0.8 (-1.6 to +2.7) | +0.7 |"),
 ])
 def test_the_committed_fast_reports_are_what_their_scripts_make_of_their_csvs(tmp_path, name, line):
     # docs/results/*_fast/README.md (and promise12_paper_length's) must stay what report.sh gives from the committed CSVs and note (the cluster

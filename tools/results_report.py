@@ -593,11 +593,31 @@ def _write_text(path: Path, text: str) -> Path:
     return path
 
 
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test of ``wins`` against ``losses`` (ties dropped before): under no effect each pair is a
+    coin flip, so with n = wins + losses and k = max(wins, losses),
+
+        p = min(1, 2 * sum_{i=k}^{n} C(n, i) / 2^n)
+
+    (1 for no pairs). It treats the pairs as independent: runs fine-tuned from one shared pre-training are not, so it
+    measures the fine-tuning noise, not the pre-training's."""
+    n, k = wins + losses, max(wins, losses)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2.0 * sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n)
+
+
+def _p_text(p: float) -> str:
+    """A p-value as the tables print it: two decimals, three below 0.01, "<0.001" below that."""
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
+
+
 def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
     """Each method against its reference run for run: a pair shares structure, labelled scans and seed (so the same
     labelled scans). The reference is ``reference`` unless ``pair_with`` names another for the method (a tagged
-    row against the baseline run with the same tag's settings). Per method: pairs, wins, the mean paired gain with
-    its range, and the paper's gain over the same pairs' cells. Empty when no method has a pair."""
+    row against the baseline run with the same tag's settings). Per method: pairs, wins, the sign test's p
+    (:func:`sign_test_p`), the mean paired gain with its range, and the paper's gain over the same pairs' cells.
+    Empty when no method has a pair."""
     pair_with = dict(pair_with or {})
     dice = {(r["method"], r["task"], r["labelled_scans"], r["seed"]): 100.0 * r["test_dice"]
             for r in rows if not r.get("ablation")}
@@ -616,13 +636,16 @@ def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, refe
         paper = [ours.get(k[1], {}).get(k[2], math.nan) - theirs.get(k[1], {}).get(k[2], math.nan) for k, _ in pairs]
         same_row = m.split(" [")[0] == ref.split(" [")[0]
         paper_text = "–" if same_row or any(math.isnan(x) for x in paper) else f"{sum(paper) / len(paper):+.1f}"
-        lines.append(f"| {m} | {ref} | {len(pairs)} | {sum(g > 0 for g in gains)} | {sum(gains) / len(gains):+.1f} "
+        wins, losses = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
+        lines.append(f"| {m} | {ref} | {len(pairs)} | {wins} | {_p_text(sign_test_p(wins, losses))} | {sum(gains) / len(gains):+.1f} "
                      f"({min(gains):+.1f} to {max(gains):+.1f}) | {paper_text} |")
     if not lines:
         return []
     return ["Run for run against a reference (same structure, labelled scans and seed, so the same labelled scans); "
-            "the paper's gain is its Table 1 difference over the same pairs' cells:", "",
-            "| method | against | pairs | wins | mean gain (range) | paper's gain |", "|---|---|---|---|---|---|",
+            "the paper's gain is its Table 1 difference over the same pairs' cells; p: the two-sided sign test of wins "
+            "against losses, which takes the pairs as independent (runs from one shared pre-training are not, so it "
+            "gauges the fine-tuning noise only):", "",
+            "| method | against | pairs | wins | p | mean gain (range) | paper's gain |", "|---|---|---|---|---|---|---|",
             *lines, ""]
 
 
