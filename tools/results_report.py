@@ -637,8 +637,8 @@ def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, refe
         same_row = m.split(" [")[0] == ref.split(" [")[0]
         paper_text = "–" if same_row or any(math.isnan(x) for x in paper) else f"{sum(paper) / len(paper):+.1f}"
         wins, losses = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
-        lines.append(f"| {m} | {ref} | {len(pairs)} | {wins} | {_p_text(sign_test_p(wins, losses))} | {sum(gains) / len(gains):+.1f} "
-                     f"({min(gains):+.1f} to {max(gains):+.1f}) | {paper_text} |")
+        lines.append(f"| {m} | {ref} | {len(pairs)} | {wins} | {_p_text(sign_test_p(wins, losses))} | "
+                     f"{sum(gains) / len(gains):+.1f} ({min(gains):+.1f} to {max(gains):+.1f}) | {paper_text} |")
     if not lines:
         return []
     return ["Run for run against a reference (same structure, labelled scans and seed, so the same labelled scans); "
