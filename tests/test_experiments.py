@@ -246,6 +246,12 @@ def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):
     assert len(runner) == 1 and runner[0].endswith(f'--skip_collected ["{csv_path}"]')
 
 
+def _acdc_results_csvs() -> list[str]:
+    """Every committed ACDC paper-length results CSV (not the per-scan ones): what the plans' later leases skip."""
+    folder = ROOT / "docs" / "results" / "acdc_paper_length"
+    return [str(p) for p in sorted(folder.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
+
+
 @pytest.mark.parametrize("plan", sorted((ROOT / "docs" / "results" / "gpu_calls" / "plans").glob("*.json")), ids=lambda p: p.name)
 def test_the_committed_gpu_plans_build(plan, tmp_path):
     # a plan that fails to build would cost a GPU call to find out; u.json: one pre-training for all 54 [onepre] runs
@@ -316,9 +322,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)}
         assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:])
     if plan.name == "rows2_ours_mtlr12_s2.json":  # one lease: rows2's Ours (Dec) rows and what mtlr12 left, included
-        results = plan.parent.parent.parent / "acdc_paper_length"
-        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
-        mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), csvs)
+        mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
         rows2 = ex.build_plan(plan.parent / "rows2.json", "/d", tmp_path)
         ours = [r for r in rows2 if "ours_mi_cc" in r.name]
         assert [r.name for r in grid] == ["pre_full", "pre_ours_mi_cc"] + [r.name for r in mtlr12_left[1:] + ours[1:]]
@@ -417,9 +421,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(first) == 16 and {r.meta["seed"] for r in first[1:]} == {1}
         # the mtlr12 calls ran seed 1 (pre_full renamed pre_full_mtlr1) and seed 2's random-init runs: what is left is
         # seed 2's MT + Ours [onepre] at three LRs and the pre-training they need, under a name no other CSV took
-        results = plan.parent.parent.parent / "acdc_paper_length"
-        csvs = [str(p) for p in sorted(results.glob("results_calls_*.csv.gz")) if not p.name.endswith("_per_scan.csv.gz")]
-        left = ex.drop_collected(grid, csvs)
+        left = ex.drop_collected(grid, _acdc_results_csvs())
         assert left[0].name == "pre_full" and len(left) == 10 and {r.meta["seed"] for r in left[1:]} == {2}
         assert {r.meta["method"] for r in left[1:]} == {"MT + Ours [onepre]"} and all(r.depends == ("pre_full",) for r in left[1:])
         assert ex.narrow_runs(grid, ["pre_full", "mt_pre_full_*_s2_*"]) == left  # the next lease's ONLY
