@@ -318,9 +318,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
         rows = {r.name for r in ex.build_plan(plan.parent / "rows.json", "/d", tmp_path)}
         names = [r.name for r in grid]
-        assert len(names) == 52 and not set(names) & ran and set(names) - rows == {
-            f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)}
-        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:])
+        iic_lrs = {f"ft_pre_iic_dec_{t}_n4_s{s}_lr{lr}" for t in ("lv", "rv", "myo") for s in (0, 1) for lr in ("2e-5", "5e-4")}
+        assert len(names) == 64 and not set(names) & ran and set(names) - rows == {
+            f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)} | iic_lrs
+        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:-12])
+        assert set(names[-12:]) == iic_lrs and all(r.expected_s == 460 for r in grid[-12:])  # IIC (Dec)'s LR choice
+        # the rows2a calls (one 2 x H100 lease) ran IIC (Dec) and [dicece]: left are Contrast (Enc) and Ours (Dec)
+        left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
+        assert left[:2] == ["pre_ours_mi_cc", "pre_contrast_enc"] and len(left) == 36
+        assert {n.split("_n")[0].rsplit("_", 1)[0] for n in left[2:]} == {"ft_pre_ours_mi_cc", "ft_pre_contrast_enc"}
     if plan.name == "rows2_ours_mtlr12_s2.json":  # one lease: rows2's Ours (Dec) rows and what mtlr12 left, included
         mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
         rows2 = ex.build_plan(plan.parent / "rows2.json", "/d", tmp_path)
