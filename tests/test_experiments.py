@@ -318,14 +318,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
         rows = {r.name for r in ex.build_plan(plan.parent / "rows.json", "/d", tmp_path)}
         names = [r.name for r in grid]
-        iic_lrs = {f"ft_pre_iic_dec_{t}_n4_s{s}_lr{lr}" for t in ("lv", "rv", "myo") for s in (0, 1) for lr in ("2e-5", "5e-4")}
-        assert len(names) == 64 and not set(names) & ran and set(names) - rows == {
-            f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)} | iic_lrs
-        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:-12])
-        assert set(names[-12:]) == iic_lrs and all(r.expected_s == 460 for r in grid[-12:])  # IIC (Dec)'s LR choice
+        lrs = {f"ft_pre_{m}_{t}_n4_s{s}_lr{lr}" for m in ("iic_dec", "contrast_enc") for t in ("lv", "rv", "myo")
+               for s in (0, 1) for lr in ("2e-5", "5e-4")}  # IIC (Dec)'s and Contrast (Enc)'s LR choice, last
+        assert len(names) == 76 and not set(names) & ran and set(names) - rows == {
+            f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)} | lrs
+        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:-24])
+        assert set(names[-24:]) == lrs and all(r.expected_s == 460 for r in grid[-24:])
         # the rows2a calls (one 2 x H100 lease) ran IIC (Dec) and [dicece]: left are Contrast (Enc) and Ours (Dec)
         left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
-        assert left[:2] == ["pre_ours_mi_cc", "pre_contrast_enc"] and len(left) == 36
+        assert left[:2] == ["pre_ours_mi_cc", "pre_contrast_enc"] and len(left) == 48
         assert {n.split("_n")[0].rsplit("_", 1)[0] for n in left[2:]} == {"ft_pre_ours_mi_cc", "ft_pre_contrast_enc"}
     if plan.name == "rows2_ours_mtlr12_s2.json":  # one lease: rows2's Ours (Dec) rows and what mtlr12 left, included
         mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
@@ -1494,11 +1495,15 @@ def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
                             ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
     ("mtlr", {"JOBS": "6"}, [("0", "mtlr.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                              ("1,2,3", "mtlr.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
-    # rows2 in two leases: its IIC (Dec) and Contrast (Enc) pre-trainings on GPUs 0-1, [dicece] three a GPU on 2-3;
-    # then the plan that includes its Ours (Dec) rows and mtlr12's rest: its two pre-trainings, nothing else
-    ("rows2", {"JOBS": "6", "PRE": '["pre_iic_dec", "pre_contrast_enc"]', "PRE_GPUS": "0,1", "REST_GPUS": "2,3"},
-     [("0,1", "rows2.json", "--gpus 2 --jobs 2 --only [\"pre_iic_dec\", \"pre_contrast_enc\"]"),
-      ("2,3", "rows2.json", "--gpus 2 --jobs 6 --only [\"ft_random_*\"]")]),
+    # rows2 in three leases on 2 x H100 or more: IIC (Dec)'s pre-training on GPU 0 and [dicece] six on GPU 1 (the rows2a
+    # calls, as run); Contrast (Enc)'s pre-training alone; then the plan that includes its Ours (Dec) rows and
+    # mtlr12's rest: its two pre-trainings, nothing else
+    ("rows2", {"JOBS": "6", "PRE": '["pre_iic_dec"]', "PRE_GPUS": "0", "REST_GPUS": "1", "REST": '["ft_random_*"]',
+               "machine_gpus": 2},
+     [("0", "rows2.json", "--gpus 1 --jobs 1 --only [\"pre_iic_dec\"]"),
+      ("1", "rows2.json", "--gpus 1 --jobs 6 --only [\"ft_random_*\"]")]),
+    ("rows2", {"PRE": '["pre_contrast_enc"]', "PRE_GPUS": "0", "REST_GPUS": "none", "machine_gpus": 2},
+     [("0", "rows2.json", "--gpus 1 --jobs 1 --only [\"pre_contrast_enc\"]")]),
     ("rows2_ours_mtlr12_s2", {}, [("0,1", "rows2_ours_mtlr12_s2.json", "--gpus 2 --jobs 2 --only [\"pre_*\"]")]),
     # mtlr12, one seed a lease: REST narrows the first call's random-init runs to that seed
     ("mtlr12", {"JOBS": "6", "REST": '["mt_random_*_s1_*"]'},

@@ -240,11 +240,11 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|rows2_ours_mtlr12_s2|decdiag|de
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; that is left for a lease of its own:
   # FIRST=1 REST_GPUS=none n.sh 588 mtlr12, then ONLY='["pre_full", "mt_pre_full_*_s2_*"]' JOBS=9 n.sh 588 mtlr12 and
-  # the same with LAST=1 if a run was cut). Prepared, not run: rows2 in two leases (../README.md, Next steps 6): its
-  # IIC (Dec) and Contrast (Enc) rows and [dicece] as rows2 narrowed (FIRST=1 PRE='["pre_iic_dec", "pre_contrast_enc"]'
-  # PRE_GPUS=0,1 REST_GPUS=2,3 JOBS=6, then ONLY='["ft_pre_iic_dec_*", "ft_pre_contrast_enc_*"]'), its Ours (Dec) rows
-  # with the rest of mtlr12 as plan rows2_ours_mtlr12_s2 (two includes; FIRST=1 puts its two pre-trainings on GPUs 0
-  # and 1, nothing else); or rows2 whole (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
+  # the same with LAST=1 if a run was cut). rows2 in three leases (../README.md, Next steps 6): its IIC (Dec) rows
+  # and [dicece] ran (the rows2a calls, as run below); prepared, not run: its Contrast (Enc) rows as rows2 narrowed
+  # (FIRST=1 PRE='["pre_contrast_enc"]' PRE_GPUS=0 REST_GPUS=none, then ONLY='["ft_pre_contrast_enc_*"]'), its Ours
+  # (Dec) rows with the rest of mtlr12 as plan rows2_ours_mtlr12_s2 (two includes; FIRST=1 puts its two pre-trainings
+  # on GPUs 0 and 1, nothing else); or rows2 whole (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
   # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
   # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -344,3 +344,10 @@ exit 0
 #   (563 s: the nine MT + Ours [onepre] of seed 1 in 451-560 s, all ended), ONLY='["mt_random_*_s2_*"]' JOBS=6 n.sh
 #   588 mtlr12 (456 s: seed 2's six random-init runs on 4 GPUs in 352-452 s). 1,684 s held; pre_full renamed
 #   pre_full_mtlr1 in the CSV.
+# As run (commit 028e4a4, one nvidia-h100-x2 lease, 2 x H100, after two refused nvidia-h100-x4 starts; the rows2a
+#   calls, twenty-ninth session, the ACDC pack; a start of about 300 s): FIRST=1 JOBS=6 PRE='["pre_iic_dec"]'
+#   PRE_GPUS=0 REST_GPUS=1 REST='["ft_random_*"]' n.sh 588 rows2 (519 s: pre_iic_dec in 437 s, the six [dicece] at
+#   once on GPU 1 in 476-482 s), LAST=1 JOBS=10 ONLY='["ft_pre_iic_dec_*"]' n.sh 588 rows2 (387 s: IIC (Dec)'s nine
+#   4-scan fine-tunes, five a GPU, in 320-384 s), then, with rows2.json's IIC (Dec) LR entry added in the checkout,
+#   JOBS=12 ONLY='["ft_pre_iic_dec_*_lr2e-5", "ft_pre_iic_dec_*_lr5e-4"]' n.sh 515 rows2 (445 s: all 12, six a GPU,
+#   in 432-442 s). 1,702 s held, 181 s lost to the refused starts; pre_iic_dec renamed pre_iic_dec_rows2 in the CSV.
