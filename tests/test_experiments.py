@@ -1448,12 +1448,13 @@ def test_a_plan_dry_run_flag_must_be_a_bool(tmp_path, monkeypatch):
 
 
 def _stand_in_bin(tmp_path, machine_gpus, prints=""):
-    """A bin folder for n.sh's tests: a python that records each command and its GPUs (and prints ``prints``), an
-    nvidia-smi that lists ``machine_gpus`` GPUs."""
+    """A bin folder for n.sh's tests: a python that records each command and its GPUs (and prints ``prints``) but
+    passes ``python -c`` (n.sh's import check) unrecorded, an nvidia-smi that lists ``machine_gpus`` GPUs."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir()
     echo = f'echo "{prints}"\n' if prints else ""
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n{echo}')
+    (bin_dir / "python").write_text(
+        f'#!/usr/bin/env bash\n[ "$1" = -c ] && exit 0\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n{echo}')
     listing = "".join(f"echo 'GPU {i}: stand-in'\n" for i in range(machine_gpus))
     (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n{listing}")
     for tool in ("python", "nvidia-smi"):
@@ -1463,15 +1464,37 @@ def _stand_in_bin(tmp_path, machine_gpus, prints=""):
 
 def _run_n_sh(tmp_path, bin_dir, seconds, phase, **env):
     """``bash n.sh SECONDS PHASE`` with the stand-ins of ``bin_dir`` first on PATH, its work root and $OUT in
-    ``tmp_path``; ``env`` adds variables (FIRST, GPUS, JOBS...)."""
+    ``tmp_path``, its unpacked data packs in ``tmp_path / "data"`` unless ``env`` says N_DATA; ``env`` adds
+    variables (FIRST, GPUS, JOBS...)."""
     import os
     import subprocess
 
     (tmp_path / "out").mkdir(exist_ok=True)
-    run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    run_env = {"N_DATA": str(tmp_path / "data"), **os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+               "BIM_GIT_COMMIT": "x", "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
     return subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), str(seconds), phase],
                           cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=120)
+
+
+def test_n_sh_stage_prepares_the_data_and_nothing_else(tmp_path):
+    # a lease whose later calls carry .carry/PHASE instead of the ACDC pack: its first call stages the machine
+    bin_dir, calls = _stand_in_bin(tmp_path, 4)
+    raw = tmp_path / "data" / "acdc_u8" / "training"
+    raw.mkdir(parents=True)
+    done = _run_n_sh(tmp_path, bin_dir, 120, "stage")
+    assert done.returncode == 0 and "staged:" in done.stdout, done.stdout + done.stderr
+    lines = [line.split("|")[1] for line in calls.read_text().splitlines()]
+    assert lines == [f"-m data_prep acdc {raw} {tmp_path / 'w' / 'acdc'} --workers 16"]
+    assert not list((tmp_path / "out").iterdir())  # no results tar: nothing ran
+
+
+def test_n_sh_stops_at_once_on_a_machine_that_is_not_staged(tmp_path):
+    # a call that carries .carry/PHASE lands on a fresh machine (the lease's staging call was more than 30 s before):
+    # one clear line, before anything is restored or started, instead of a failed data_prep and ten lost minutes
+    bin_dir, calls = _stand_in_bin(tmp_path, 4)
+    done = _run_n_sh(tmp_path, bin_dir, 588, "rows2")
+    assert done.returncode == 2 and "this machine is not staged" in done.stdout
+    assert str(tmp_path / "data" / "acdc_u8" / "training") in done.stdout and not calls.exists()
 
 
 @pytest.mark.parametrize("phase, env, expected", [

@@ -13,16 +13,27 @@
 #       cuDNN A/B if time is left).
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
+#   stage: the data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE (below).
 #   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 rows2_ours_mtlr12_s2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
 #   FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
 TW=${N_TMP:-/tmp/w}  # the work root (a test points it elsewhere)
-D=$TW/acdc; RAW=/tmp/data/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
-[ $PHASE = p12 ] && { D=$TW/promise12; RAW=/tmp/data/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
+DR=${N_DATA:-/tmp/data}  # where .device/setup.sh unpacks the data pack (a test points it elsewhere)
+D=$TW/acdc; RAW=$DR/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
+[ $PHASE = p12 ] && { D=$TW/promise12; RAW=$DR/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
-[ $PHASE = bench3 ] || [ $PHASE = bench4 ] || [ -f $D/datalist.json ] || python -m data_prep $DATA $RAW $D --workers 16 > /tmp/w_prep.log 2>&1 || { cat /tmp/w_prep.log; exit 1; }
+# the data set, prepared once a machine. A call that carries .carry/PHASE (an earlier lease's pre-trainings, 15.6 MB
+# each) has no room for the ACDC pack beside it (64 MiB): the lease's first call carries .device and stages the
+# machine (n.sh 120 stage: wheels in /tmp/site, data prepared), and the next, within 30 s, carries .carry/PHASE and
+# starts with export PYTHONPATH=/tmp/site. Either way, a call on a machine without the data or the wheels stops here.
+if [ $PHASE != bench3 ] && [ $PHASE != bench4 ] && [ ! -f $D/datalist.json ]; then
+  [ -d $RAW ] || { echo "no $RAW and no $D/datalist.json: this machine is not staged (carry .device and start the call with bash .device/setup.sh, or stage it with n.sh 120 stage that way and give this call within 30 s)"; exit 2; }
+  python -m data_prep $DATA $RAW $D --workers 16 > $TW/prep.log 2>&1 || { cat $TW/prep.log; exit 1; }
+fi
+python -c "import monai, ignite" 2>/dev/null ||
+  { echo "monai / pytorch-ignite not importable: source .device/env.sh, or export PYTHONPATH=/tmp/site on a staged machine"; exit 2; }
 # a plan phase's work dir carried from an earlier lease (CARRY, default .carry/PHASE, an ignored folder the run call
 # carries): n_PHASE.tgz, the results tar of that lease's last call, and pre_*_fp16.pt, its pre-trainings' model.pt in
 # float16 (experiments.py weights); restored once, before anything runs, so that the runner skips every finished run
@@ -37,6 +48,7 @@ if [ -f $CARRY/n_$PHASE.tgz ] && [ ! -d $W/$PHASE ]; then
   echo "restored $W/$PHASE from $CARRY: $(ls $W/$PHASE/runs/*/result.json | wc -l) finished runs"
 fi
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
+[ $PHASE = stage ] && { echo "staged: $D and /tmp/site for the lease's next call"; exit 0; }
 # the machine's GPUs (a lease brings 1, 2 or 4; N_GPUS where nvidia-smi is missing, as in the tests, default 4): the
 # plan phases run on all of them unless GPUS / PRE_GPUS / REST_GPUS say otherwise, and refuse a GPU it lacks
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$NGPU" -gt 0 ] || NGPU=${N_GPUS:-4}
@@ -305,7 +317,7 @@ for q in $W/*/runs/pre_full*/; do  # the pre-trainings: cluster scores and the l
 done
 # WEIGHTS_OUT="pre_full ..." (a plan phase's last call): those pre-trainings' model.pt in float16 to $OUT, to be carried
 # to the next lease in .carry/PHASE with the results tar (15.6 MB each: one fits beside the PROMISE12 pack, none
-# beside the ACDC pack)
+# beside the ACDC pack, so an ACDC lease that carries them stages its machine first: phase stage, at the top)
 for q in ${WEIGHTS_OUT:-}; do
   [ -f $W/${NAME:-}/runs/$q/model.pt ] && python tools/experiments.py weights $W/$NAME/runs/$q/model.pt $OUT/${q}_fp16.pt --dtype float16
 done
