@@ -13,7 +13,7 @@
 #       cuDNN A/B if time is left).
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
-#   stage: the data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE (below).
+#   stage: the ACDC data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE.
 #   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 rows2_ours_mtlr12_s2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
 #   FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
@@ -24,10 +24,9 @@ DR=${N_DATA:-/tmp/data}  # where .device/setup.sh unpacks the data pack (a test 
 D=$TW/acdc; RAW=$DR/acdc_u8/training; DATA=acdc; W=$TW/n; mkdir -p $W
 [ $PHASE = p12 ] && { D=$TW/promise12; RAW=$DR/promise12_nifti/training_data; DATA=promise12; }  # prepare.sh promise12
 left() { echo $(( T - ($(date +%s) - START) )); }
-# the data set, prepared once a machine. A call that carries .carry/PHASE (an earlier lease's pre-trainings, 15.6 MB
-# each) has no room for the ACDC pack beside it (64 MiB): the lease's first call carries .device and stages the
-# machine (n.sh 120 stage: wheels in /tmp/site, data prepared), and the next, within 30 s, carries .carry/PHASE and
-# starts with export PYTHONPATH=/tmp/site. Either way, a call on a machine without the data or the wheels stops here.
+# the data set, prepared once a machine; a call on a machine without the data or the wheels stops here (an ACDC call
+# that carries .carry/PHASE instead of the pack needs the lease's staging call first: ../README.md, *Carrying
+# pre-trainings to an ACDC lease*)
 if [ $PHASE != bench3 ] && [ $PHASE != bench4 ] && [ ! -f $D/datalist.json ]; then
   [ -d $RAW ] || { echo "no $RAW and no $D/datalist.json: this machine is not staged (carry .device and start the call with bash .device/setup.sh, or stage it with n.sh 120 stage that way and give this call within 30 s)"; exit 2; }
   python -m data_prep $DATA $RAW $D --workers 16 > $TW/prep.log 2>&1 || { cat $TW/prep.log; exit 1; }
