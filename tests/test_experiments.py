@@ -3,6 +3,7 @@
 import csv
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -317,27 +318,23 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv.gz") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
         rows = {r.name for r in ex.build_plan(plan.parent / "rows.json", "/d", tmp_path)}
-        names = [r.name for r in grid]
+        own, included = [r for r in grid[:-9] if r.name != "pre_full"], grid[-9:]
+        names = [r.name for r in own]
+        assert len(names) == 76
         lrs = {f"ft_pre_{m}_{t}_n4_s{s}_lr{lr}" for m in ("iic_dec", "contrast_enc") for t in ("lv", "rv", "myo")
                for s in (0, 1) for lr in ("2e-5", "5e-4")}  # IIC (Dec)'s and Contrast (Enc)'s LR choice, last
-        assert len(names) == 76 and not set(names) & ran and set(names) - rows == {
+        assert not set(names) & ran and set(names) - rows == {
             f"ft_random_{t}_n1_s{s}_lr1e-4_dicece" for t in ("lv", "myo") for s in range(3)} | lrs
-        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in grid[3:-24])
-        assert set(names[-24:]) == lrs and all(r.expected_s == 460 for r in grid[-24:])
-        # the rows2a calls (one 2 x H100 lease) ran IIC (Dec) and [dicece]: left are Contrast (Enc) and Ours (Dec)
-        left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
-        assert left[:2] == ["pre_ours_mi_cc", "pre_contrast_enc"] and len(left) == 48
-        assert {n.split("_n")[0].rsplit("_", 1)[0] for n in left[2:]} == {"ft_pre_ours_mi_cc", "ft_pre_contrast_enc"}
-    if plan.name == "rows2_ours_mtlr12_s2.json":  # one lease: rows2's Ours (Dec) rows and what mtlr12 left, included
+        assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in own[3:-24])
+        assert set(names[-24:]) == lrs and all(r.expected_s == 460 for r in own[-24:])
+        # then, included, what mtlr12 left: MT + Ours [onepre] at seed 2 from a pre_full of its own, runs for runs
         mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
-        rows2 = ex.build_plan(plan.parent / "rows2.json", "/d", tmp_path)
-        ours = [r for r in rows2 if "ours_mi_cc" in r.name]
-        assert [r.name for r in grid] == ["pre_full", "pre_ours_mi_cc"] + [r.name for r in mtlr12_left[1:] + ours[1:]]
-        assert [r.commands for r in grid[2:]] == [r.commands for r in mtlr12_left[1:] + ours[1:]]
-        assert [r.expected_s for r in grid[2:]] == [560.0] * 9 + [340.0] * 18  # the long ones first
-        # rows2's other lease (ONLY in ../README.md, Next steps 6) and this one share no run and leave none of rows2 out
-        other = ex.narrow_runs(rows2, ["ft_pre_iic_dec_*", "ft_pre_contrast_enc_*", "ft_random_*"])
-        assert not {r.name for r in other} & {r.name for r in grid} and len(other) + len(ours) == len(rows2)
+        assert grid[3].name == "pre_full" and [r.commands for r in [grid[3], *included]] == [r.commands for r in mtlr12_left]
+        # the rows2a and rows2b calls ran all but Contrast (Enc)'s RV 4 seed 1 at 2e-5 / 5e-4 (their pre-training is
+        # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restores it as pre_contrast_enc): that and mtlr12's rest
+        left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
+        assert left == ["pre_contrast_enc", "pre_full", "ft_pre_contrast_enc_rv_n4_s1_lr2e-5",
+                        "ft_pre_contrast_enc_rv_n4_s1_lr5e-4"] + [r.name for r in included]
     if plan.name == "rows.json":  # the other Table 1 rows: 3 pre-trainings, 1 scan first, then [dicece], then 2 and 4
         assert [r.name for r in grid[:3]] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 93
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
@@ -1297,6 +1294,22 @@ def test_paired_table_compares_run_for_run_and_takes_the_paper_gain_over_the_sam
     assert rr.paired_table([r for r in rows if r["method"] != "Baseline"]) == []  # no reference runs: no table
 
 
+def test_paired_table_compares_a_method_with_each_of_several_references():
+    def row(method, task, seed, dice):
+        return {"method": method, "task": task, "labelled_scans": 2, "seed": seed, "test_dice": dice / 100.0}
+
+    full = "Contrast (Enc) + Ours (Dec)"
+    rows = [row("Baseline", "lv", 0, 50.0), row("Baseline", "lv", 1, 60.0), row("Contrast (Enc)", "lv", 0, 70.0),
+            row("Contrast (Enc)", "lv", 1, 75.0), row(full, "lv", 0, 80.0), row(full, "lv", 1, 72.0)]
+    lines = [line for line in rr.paired_table(rows, {full: ["Baseline", "Contrast (Enc)"]}) if line.startswith(f"| {full} |")]
+    # against the baseline: +30, +12 (the paper's LV 2 cells: 87.85 - 74.49); against Contrast (Enc): +10, -3, and
+    # no paper gain, since the paper publishes Contrast (Enc+Dec), not Contrast (Enc)
+    assert lines == [f"| {full} | Baseline | 2 | 2 | 0.50 | +21.0 (+12.0 to +30.0) | {87.85 - 74.49:+.1f} |",
+                     f"| {full} | Contrast (Enc) | 2 | 1 | 1.00 | +3.5 (-3.0 to +10.0) | – |"]
+    with pytest.raises(rr.ReportError, match="pair_with\\['Contrast \\(Enc\\)'\\]: expected a row label or a list"):
+        rr.paired_table(rows, {"Contrast (Enc)": 3})
+
+
 def test_the_sign_test_gives_the_exact_binomial_tail_both_ways():
     # all of n pairs won: p = 2 / 2^n; 26 of 27 (MT + Ours against Mean Teacher): 2 * 28 / 2^27
     assert rr.sign_test_p(3, 0) == rr.sign_test_p(0, 3) == 0.25 and rr.sign_test_p(6, 0) == 2 / 64
@@ -1315,6 +1328,8 @@ def test_report_refuses_pair_with_labels_that_are_not_rows(tmp_path):
                         paper_lr=1e-4, test_dice=0.5, val_dice=0.5))
     with pytest.raises(rr.ReportError, match="pair_with names \\['Baseline \\[nope\\]'\\]"):
         rr.write_report([path], tmp_path / "out", pair_with={"Baseline": "Baseline [nope]"})
+    with pytest.raises(rr.ReportError, match="pair_with names \\['IIC \\(Dec\\)'\\]"):  # in a list of references too
+        rr.write_report([path], tmp_path / "out", pair_with={"Baseline": ["Baseline", "IIC (Dec)"]})
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
@@ -1518,16 +1533,19 @@ def test_n_sh_stops_at_once_on_a_machine_that_is_not_staged(tmp_path):
                             ("1,2,3", "mt4.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
     ("mtlr", {"JOBS": "6"}, [("0", "mtlr.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
                              ("1,2,3", "mtlr.json", "--gpus 3 --jobs 6 --only [\"mt_random_*\"]")]),
-    # rows2 in three leases on 2 x H100 or more: IIC (Dec)'s pre-training on GPU 0 and [dicece] six on GPU 1 (the rows2a
-    # calls, as run); Contrast (Enc)'s pre-training alone; then the plan that includes its Ours (Dec) rows and
-    # mtlr12's rest: its two pre-trainings, nothing else
+    # rows2 on 2 x H100 or more: IIC (Dec)'s pre-training on GPU 0 and [dicece] six on GPU 1 (the rows2a calls, as
+    # run); Contrast (Enc)'s and Ours (Dec)'s pre-trainings, nothing else (the rows2b calls on 4 x H100, as run);
+    # then on a staged machine pre_full for mtlr12's rest on GPU 0 and the two carried LR runs on GPU 1
     ("rows2", {"JOBS": "6", "PRE": '["pre_iic_dec"]', "PRE_GPUS": "0", "REST_GPUS": "1", "REST": '["ft_random_*"]',
                "machine_gpus": 2},
      [("0", "rows2.json", "--gpus 1 --jobs 1 --only [\"pre_iic_dec\"]"),
       ("1", "rows2.json", "--gpus 1 --jobs 6 --only [\"ft_random_*\"]")]),
-    ("rows2", {"PRE": '["pre_contrast_enc"]', "PRE_GPUS": "0", "REST_GPUS": "none", "machine_gpus": 2},
-     [("0", "rows2.json", "--gpus 1 --jobs 1 --only [\"pre_contrast_enc\"]")]),
-    ("rows2_ours_mtlr12_s2", {}, [("0,1", "rows2_ours_mtlr12_s2.json", "--gpus 2 --jobs 2 --only [\"pre_*\"]")]),
+    ("rows2", {"PRE": '["pre_contrast_enc", "pre_ours_mi_cc"]', "PRE_GPUS": "0,1", "REST_GPUS": "none"},
+     [("0,1", "rows2.json", "--gpus 2 --jobs 2 --only [\"pre_contrast_enc\", \"pre_ours_mi_cc\"]")]),
+    ("rows2", {"JOBS": "2", "PRE": '["pre_full"]', "PRE_GPUS": "0", "REST_GPUS": "1", "REST": '["ft_pre_contrast_enc_*"]',
+               "machine_gpus": 2},
+     [("0", "rows2.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
+      ("1", "rows2.json", "--gpus 1 --jobs 2 --only [\"ft_pre_contrast_enc_*\"]")]),
     # mtlr12, one seed a lease: REST narrows the first call's random-init runs to that seed
     ("mtlr12", {"JOBS": "6", "REST": '["mt_random_*_s1_*"]'},
      [("0", "mtlr12.json", "--gpus 1 --jobs 1 --only [\"pre_full\"]"),
@@ -1970,6 +1988,38 @@ def test_collect_reads_the_path_probe_and_the_report_shows_it_beside_the_cluster
     assert next(x for x in lines if "`pre_full_ctl`" in x).endswith("| 0.070 | – | – |")
     # without any probe the table keeps its columns
     assert rr.cluster_quality_table([{**rows["pre_full_ctl"], "cq_nmi": 0.07}])[4].endswith("| NMI |")
+
+
+def test_collect_leaves_out_the_runs_an_earlier_lease_collected_and_points_at_their_new_names(tmp_path):
+    # a staged lease restores the earlier lease's runs from .carry/PHASE; its CSV must hold only what it ran, and a
+    # new fine-tune of a restored pre-training must name it as the committed CSV does after rename_pretraining
+    def finished(work, name, kind, wall_s, init=""):
+        run = work / "runs" / name
+        run.mkdir(parents=True, exist_ok=True)
+        cmd = f"/usr/bin/python3 -m monai.bundle run --output_dir {run} --dataset_dir /tmp/w/acdc" + (
+            f" --pretrained {work / 'runs' / init / 'model.pt'}" if init else "")
+        (run / "result.json").write_text(json.dumps({"name": name, "kind": kind, "init": init, "wall_s": wall_s,
+                                                     "commit": "5c35b04", "command": cmd, "test_dice": 0.5}))
+
+    first = tmp_path / "lease1"
+    finished(first, "pre_contrast_enc", "pretrain", 271.0)
+    finished(first, "ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "finetune", 509.3, "pre_contrast_enc")
+    earlier = ex.collect(first, tmp_path / "rows2b.csv.gz")
+    ex.rename_pretraining(earlier, "pre_contrast_enc", "pre_contrast_enc_rows2")
+    second = tmp_path / "lease2"
+    shutil.copytree(first, second)  # the restore: the same runs, the same result.json
+    finished(second, "ft_pre_contrast_enc_rv_n4_s1_lr5e-4", "finetune", 301.7, "pre_contrast_enc")
+    finished(second, "pre_full", "pretrain", 500.1)
+    finished(second, "ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "finetune", 480.0, "pre_contrast_enc")  # a rerun: kept
+    with rr.open_csv(ex.collect(second, tmp_path / "rows2c.csv.gz", skip_collected=f"[{earlier}]")) as f:
+        got = [(r["name"], r["init"]) for r in csv.DictReader(f)]
+    assert got == [("ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "pre_contrast_enc_rows2"),
+                   ("ft_pre_contrast_enc_rv_n4_s1_lr5e-4", "pre_contrast_enc_rows2"), ("pre_full", "")]
+    with pytest.raises(ex.ExperimentError, match="every finished run is in .* already; nothing new to collect"):
+        ex.collect(first, tmp_path / "again.csv", skip_collected=[str(earlier)])
+    with pytest.raises(ex.ExperimentError, match="missing.csv.gz: no such results CSV"):
+        ex.collect(second, tmp_path / "x.csv", skip_collected=[str(tmp_path / "missing.csv.gz")])
+    assert not (tmp_path / "again.csv").exists() and not (tmp_path / "x.csv").exists()
 
 
 def test_probe_command_reuses_the_pre_trainings_arguments_or_refuses_clearly(tmp_path):

@@ -995,23 +995,61 @@ def per_scan_table(runs: dict[str, list[tuple[str, object]]]) -> tuple[list[str]
     return ["name", *scans], [{"name": name, **{scan: d for scan, d in dice}} for name, dice in runs.items()]
 
 
-def collect(work_dir, csv_path: str | None = None) -> Path:
+def _run_identity(row: dict) -> tuple:
+    """What tells one finished run from every other, whatever it was renamed to since (``rename_pretraining``): its
+    portable training command, commit and wall time (a rerun of the same command takes another time)."""
+    wall = row.get("wall_s")
+    return (row.get("command") or "", row.get("commit") or "",
+            "" if wall in (None, "") else str(short_float(float(wall))))
+
+
+def drop_recollected(rows: list[dict], csv_paths) -> list[dict]:
+    """``rows`` (a work dir's results, commands already portable) without the runs that ``csv_paths`` (results CSVs
+    of earlier leases) hold already: the runs a lease restored from ``.carry/PHASE`` and did not run again. A kept
+    run fine-tuned from a dropped pre-training that those CSVs hold under another name (``rename_pretraining``) gets
+    that name as its ``init``, so that the new CSV points at the row the report already has."""
+    earlier = {}
+    for p in _path_list(csv_paths):
+        path = Path(p)
+        if not path.is_file():
+            raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
+        with open_csv(path) as f:
+            reader = csv.DictReader(f)
+            if not {"name", "command", "commit", "wall_s"} <= set(reader.fieldnames or []):
+                raise ExperimentError(f"{path}: expected a results CSV with the columns name, command, commit and "
+                                      f"wall_s; got {reader.fieldnames}")
+            earlier.update({_run_identity(r): r["name"] for r in reader})
+    dropped = {r["name"]: earlier[_run_identity(r)] for r in rows if _run_identity(r) in earlier}
+    kept = [dict(r) for r in rows if r["name"] not in dropped]
+    for r in kept:
+        if r.get("init") in dropped:
+            r["init"] = dropped[r["init"]]
+    return kept
+
+
+def collect(work_dir, csv_path: str | None = None, skip_collected=None) -> Path:
     """Gather every ``runs/*/result.json`` of ``work_dir`` into one CSV (default ``work_dir/results.csv``; each run's
     training command as :func:`portable_command` writes it), and the test Dice of every scan into
     ``<that name>_per_scan.csv`` beside it (for the report's hardest-scans table). ``csv_path`` ``X.csv.gz`` writes
-    both gzip-compressed, as the committed results are."""
+    both gzip-compressed, as the committed results are. ``skip_collected``: results CSVs of the plan's earlier
+    leases, whose runs (restored from ``.carry``) are left out (:func:`drop_recollected`)."""
     work = Path(work_dir)
     rows = [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/result.json"))]
     if not rows:
         raise ExperimentError(f"{work}: no runs/*/result.json yet (run the grid first)")
+    for row in rows:
+        if row.get("command"):
+            row["command"] = portable_command(row["command"])
+    if skip_collected:
+        rows = drop_recollected(rows, skip_collected)
+        if not rows:
+            raise ExperimentError(f"{work}: every finished run is in {skip_collected} already; nothing new to collect")
     keys = ["name", "kind", "preset", "method", "init", "variant", "ablation", "ablation_value", "task", "labelled_scans",
             "seed", "lr", "paper_lr", "val_dice", "best_epoch", "test_dice", "test_dice_std_scans", "test_scans", "wall_s",
             "wall_s_all_attempts", "attempt", "gpu", "commit", "bundle_version", "panel", "command"]
     for row in rows:
         if row.get("kind") == "pretrain":
             row.update(path_dependence_columns(work / "runs" / row["name"]))
-        if row.get("command"):
-            row["command"] = portable_command(row["command"])
     keys += sorted({k for r in rows for k in r} - set(keys))
     path = Path(csv_path) if csv_path else work / "results.csv"
     per_scan = per_scan_path(path)  # checks the name before anything is written
@@ -1179,9 +1217,12 @@ class CLI:
         if counts["failed"] or counts["skipped_dependency"]:
             sys.exit(1)
 
-    def collect(self, work_dir: str, csv_path: str | None = None) -> None:
-        """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs."""
-        print(collect(work_dir, csv_path))
+    def collect(self, work_dir: str, csv_path: str | None = None, skip_collected=None) -> None:
+        """Write ``work_dir/results.csv`` (or ``csv_path``) from the finished runs; ``skip_collected``: the results
+        CSVs of earlier leases of the plan, e.g. ``'["docs/results/acdc_paper_length/results_calls_rows2b.csv.gz"]'``,
+        whose runs (restored from ``.carry``) are left out, and whose names for renamed pre-trainings the new runs'
+        ``init`` takes."""
+        print(collect(work_dir, csv_path, skip_collected))
 
     def probe(self, run_dir: str, dataset_dir: str | None = None) -> None:
         """Run pretrain_bim's ``path_dependence.json`` on a finished pre-training of the runner (``runs/pre_*``) with
@@ -1251,7 +1292,8 @@ class CLI:
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
         ``paper_lr``: one LR for every row of the paper-protocol table, in place of each preset's; ``per_scan``:
         the ``*_per_scan.csv`` files ``collect`` writes, for a table of the hardest test scans; ``pair_with``: the
-        reference of a row in the run-for-run table, ``'{"Ours [pre10k]": "Baseline [long]"}'``; default Baseline;
+        reference(s) of a row in the run-for-run table, ``'{"Ours [pre10k]": "Baseline [long]"}'`` or
+        ``'{"Contrast (Enc) + Ours (Dec)": ["Baseline", "Contrast (Enc)"]}'``; default Baseline;
         ``groups``: the data set's ``datalist.json``, for the test Dice by patient group, with ``group_focus`` a group
         to detail run by run, e.g. NOR; ``panels_note``: markdown closing the cluster maps' section;
         ``order_against``: another report's ``table_cells.json``, named ``order_against_name``, whose order of the
@@ -1265,7 +1307,8 @@ class CLI:
         if relabel is not None and not isinstance(relabel, dict):
             raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
         if pair_with is not None and not isinstance(pair_with, dict):
-            raise ExperimentError(f"pair_with must be a JSON object of labels, method -> reference; got {pair_with!r}")
+            raise ExperimentError(f"pair_with must be a JSON object of labels, method -> reference or [references]; "
+                                  f"got {pair_with!r}")
         for p in write_report(_path_list(csv_paths), out_dir, title=title, note=note, methods=methods, relabel=relabel,
                               paper_lr=None if paper_lr is None else float(paper_lr),
                               per_scan=_path_list(per_scan) if per_scan else None, pair_with=pair_with,

@@ -612,20 +612,30 @@ def _p_text(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
 
 
-def paired_table(rows: list[dict], pair_with: dict[str, str] | None = None, reference: str = "Baseline") -> list[str]:
-    """Each method against its reference run for run: a pair shares structure, labelled scans and seed (so the same
+def pair_references(pair_with: dict | None, method: str, reference: str = "Baseline") -> list[str]:
+    """The references ``method`` is compared with run for run: ``pair_with[method]``, one label or a list of labels
+    (e.g. the full method against ``["Baseline", "Contrast (Enc)"]``: what its decoder adds to the encoder alone),
+    else ``[reference]``."""
+    refs = (pair_with or {}).get(method, reference)
+    if isinstance(refs, str):
+        return [refs]
+    if not isinstance(refs, (list, tuple)) or not refs or not all(isinstance(r, str) for r in refs):
+        raise ReportError(f"pair_with[{method!r}]: expected a row label or a list of row labels; got {refs!r}")
+    return list(refs)
+
+
+def paired_table(rows: list[dict], pair_with: dict | None = None, reference: str = "Baseline") -> list[str]:
+    """Each method against its reference(s) run for run: a pair shares structure, labelled scans and seed (so the same
     labelled scans). The reference is ``reference`` unless ``pair_with`` names another for the method (a tagged
-    row against the baseline run with the same tag's settings). Per method: pairs, wins, the sign test's p
-    (:func:`sign_test_p`), the mean paired gain with its range, and the paper's gain over the same pairs' cells.
-    Empty when no method has a pair."""
-    pair_with = dict(pair_with or {})
+    row against the baseline run with the same tag's settings), or several (:func:`pair_references`), one line
+    each. Per line: pairs, wins, the sign test's p (:func:`sign_test_p`), the mean paired gain with its range, and
+    the paper's gain over the same pairs' cells (– where the paper has no such row). Empty when no method has a pair."""
     dice = {(r["method"], r["task"], r["labelled_scans"], r["seed"]): 100.0 * r["test_dice"]
             for r in rows if not r.get("ablation")}
     present = {k[0] for k in dice}
     methods = [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
     lines = []
-    for m in methods:
-        ref = pair_with.get(m, reference)
+    for m, ref in ((m, ref) for m in methods for ref in pair_references(pair_with, m, reference)):
         if ref == m or ref not in present:
             continue
         pairs = [(k, v - dice[(ref, *k[1:])]) for k, v in dice.items() if k[0] == m and (ref, *k[1:]) in dice]
@@ -1075,8 +1085,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
     ``methods``. ``paper_lr``: the one LR of the paper-protocol table for every row, in place of each preset's.
     ``per_scan``: per-scan CSVs (``collect``'s ``*_per_scan.csv``) for a table of the hardest test scans.
-    ``pair_with``: ``{method: reference}`` for the run-for-run table (see :func:`paired_table`; default reference
-    ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
+    ``pair_with``: ``{method: reference or [references]}`` for the run-for-run table (see :func:`paired_table`;
+    default reference ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
     patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`).
     ``per_scan_methods``: the rows of those two sections (labels as after ``relabel``; default every row), so that
     a report with many diagnostic rows keeps them readable.
@@ -1108,7 +1118,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
         raise ReportError(f"{[str(p) for p in csv_paths]}: no fine-tuning results to report")
     moved = relabel_rows(rows, dict(relabel)) if relabel else []
     labels = {r["method"] for r in seg}
-    unknown = sorted((set(pair_with or {}) | set((pair_with or {}).values())) - labels)
+    named = set(pair_with or {}) | {ref for m in (pair_with or {}) for ref in pair_references(pair_with, m)}
+    unknown = sorted(named - labels)
     if unknown:
         raise ReportError(f"pair_with names {unknown}, which are not rows of this report; rows: {sorted(labels)}")
     detail = None if per_scan_methods is None else (

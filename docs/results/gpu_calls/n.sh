@@ -14,7 +14,7 @@
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   stage: the ACDC data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE.
-#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 rows2_ours_mtlr12_s2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
 #   FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
@@ -246,17 +246,17 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|rows2_ours_mtlr12_s2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; that is left for a lease of its own:
   # FIRST=1 REST_GPUS=none n.sh 588 mtlr12, then ONLY='["pre_full", "mt_pre_full_*_s2_*"]' JOBS=9 n.sh 588 mtlr12 and
-  # the same with LAST=1 if a run was cut). rows2 in three leases (../README.md, Next steps 6): its IIC (Dec) rows
-  # and [dicece] ran (the rows2a calls, as run below); prepared, not run: its Contrast (Enc) rows as rows2 narrowed
-  # (FIRST=1 PRE='["pre_contrast_enc"]' PRE_GPUS=0 REST_GPUS=none, then ONLY='["ft_pre_contrast_enc_*"]'), its Ours
-  # (Dec) rows with the rest of mtlr12 as plan rows2_ours_mtlr12_s2 (two includes; FIRST=1 puts its two pre-trainings
-  # on GPUs 0 and 1, nothing else); or rows2 whole (FIRST=1 [JOBS=3] n.sh 588 PHASE, n.sh 588 PHASE,
-  # LAST=1 n.sh 578 PHASE; after rows2, experiments.py rename_pretraining for its three pre-trainings), p12's seed 2
+  # the same with LAST=1 if a run was cut). rows2: its IIC (Dec) rows and [dicece] ran (the rows2a calls), its
+  # Contrast (Enc) and Ours (Dec) rows (the rows2b calls, as run below) but Contrast (Enc)'s RV 4 seed 1 at 2e-5 /
+  # 5e-4; rows2.json now also includes what mtlr12 left, so that one staged lease runs both (../README.md, Next steps
+  # 6: carry .carry/rows2, which restores pre_contrast_enc; FIRST=1 PRE='["pre_full"]' PRE_GPUS=0 REST_GPUS=1
+  # REST='["ft_pre_contrast_enc_*"]' JOBS=2, then ONLY='["mt_pre_full_*_s2_*"]'); after it, experiments.py
+  # rename_pretraining pre_full pre_full_mtlr2. p12's seed 2
   # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
@@ -269,7 +269,6 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|rows2_ours_mtlr12_s2|decdiag|de
   case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
-  [ $PHASE = rows2_ours_mtlr12_s2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1}; REST_GPUS=${REST_GPUS:-none}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
   probe_paths() {  # pretrain_bim's path_dependence.json on each finished pre-training of the plan that lacks it,
     # with the arguments it was trained with (experiments.py probe; a variant without a cluster head is skipped)
@@ -362,3 +361,11 @@ exit 0
 #   4-scan fine-tunes, five a GPU, in 320-384 s), then, with rows2.json's IIC (Dec) LR entry added in the checkout,
 #   JOBS=12 ONLY='["ft_pre_iic_dec_*_lr2e-5", "ft_pre_iic_dec_*_lr5e-4"]' n.sh 515 rows2 (445 s: all 12, six a GPU,
 #   in 432-442 s). 1,702 s held, 181 s lost to the refused starts; pre_iic_dec renamed pre_iic_dec_rows2 in the CSV.
+# As run (commit 5c35b04, one nvidia-h100-x4 lease, 4 x H100; the rows2b calls, thirtieth session, the ACDC pack; a
+#   start of about 80 s): FIRST=1 PRE='["pre_contrast_enc", "pre_ours_mi_cc"]' PRE_GPUS=0,1 REST_GPUS=none n.sh 588
+#   rows2 (554 s: pre_contrast_enc in 271 s, pre_ours_mi_cc in 514 s), JOBS=24 ONLY='["ft_pre_contrast_enc_*",
+#   "ft_pre_ours_mi_cc_*"]' n.sh 588 rows2 (571 s: 24 ended, six a GPU, in 509-517 s), then LAST=1 JOBS=20
+#   WEIGHTS_OUT=pre_contrast_enc ONLY='["ft_pre_ours_mi_cc_*", "ft_pre_contrast_enc_myo_n4_s2_*",
+#   "ft_pre_contrast_enc_*_s0_lr*", "ft_pre_contrast_enc_lv_n4_s1_*", "ft_pre_contrast_enc_myo_n4_s1_*"]' n.sh 538
+#   rows2 (473 s: 20 ended, five a GPU, in 388-422 s; the two RV seed-1 LR runs left out to fit). 1,714 s held;
+#   pre_contrast_enc and pre_ours_mi_cc renamed *_rows2 in the CSV; .carry/rows2 holds the last call's tar and weights.
