@@ -258,24 +258,31 @@ def narrow_runs(grid: list[Run], only) -> list[Run]:
     return [r for r in grid if r in keep or r.name in needed]
 
 
-def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
-    """``grid`` without the runs already collected, by name, in ``csv_paths`` (results CSVs of earlier GPU leases,
-    written by ``collect``), so that a later lease of a plan runs only what is missing. A pre-training stays while a
-    remaining run needs it, and goes when every run that needed it is collected; ``csv_paths`` None keeps the grid."""
-    if not csv_paths:
-        return grid
-    collected: set[str] = set()
+def collected_rows(csv_paths, columns: tuple[str, ...]) -> list[dict]:
+    """The rows of ``csv_paths`` (results CSVs of earlier GPU leases, written by ``collect``; a list, or fire's
+    ``"[a.csv, b.csv]"`` string), each CSV checked to exist and to have ``columns`` (``skip_collected``'s reading)."""
     listed = isinstance(csv_paths, str) and csv_paths.startswith("[")  # fire keeps "[a.csv, b.csv]" a string
+    rows = []
     for p in (_path_list(csv_paths) if listed else _as_tuple(csv_paths, str)):
         path = Path(p)
         if not path.is_file():
             raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
         with open_csv(path) as f:
             reader = csv.DictReader(f)
-            if "name" not in (reader.fieldnames or []):
-                raise ExperimentError(f"{path}: expected a results CSV with a name column, got columns "
-                                      f"{reader.fieldnames}")
-            collected |= {row["name"] for row in reader}
+            if not set(columns) <= set(reader.fieldnames or []):
+                wanted = f"a {columns[0]} column" if len(columns) == 1 else f"the columns {', '.join(columns)}"
+                raise ExperimentError(f"{path}: expected a results CSV with {wanted}; got columns {reader.fieldnames}")
+            rows += list(reader)
+    return rows
+
+
+def drop_collected(grid: list[Run], csv_paths) -> list[Run]:
+    """``grid`` without the runs already collected, by name, in ``csv_paths`` (results CSVs of earlier GPU leases,
+    written by ``collect``), so that a later lease of a plan runs only what is missing. A pre-training stays while a
+    remaining run needs it, and goes when every run that needed it is collected; ``csv_paths`` None keeps the grid."""
+    if not csv_paths:
+        return grid
+    collected = {row["name"] for row in collected_rows(csv_paths, ("name",))}
     remaining = [r for r in grid if r.kind == "pretrain" or r.name not in collected]
     needed = {d for r in remaining for d in r.depends}
     had_dependants = {d for r in grid for d in r.depends}
@@ -1008,17 +1015,7 @@ def drop_recollected(rows: list[dict], csv_paths) -> list[dict]:
     of earlier leases) hold already: the runs a lease restored from ``.carry/PHASE`` and did not run again. A kept
     run fine-tuned from a dropped pre-training that those CSVs hold under another name (``rename_pretraining``) gets
     that name as its ``init``, so that the new CSV points at the row the report already has."""
-    earlier = {}
-    for p in _path_list(csv_paths):
-        path = Path(p)
-        if not path.is_file():
-            raise ExperimentError(f"{path}: no such results CSV (skip_collected expects CSVs written by collect)")
-        with open_csv(path) as f:
-            reader = csv.DictReader(f)
-            if not {"name", "command", "commit", "wall_s"} <= set(reader.fieldnames or []):
-                raise ExperimentError(f"{path}: expected a results CSV with the columns name, command, commit and "
-                                      f"wall_s; got {reader.fieldnames}")
-            earlier.update({_run_identity(r): r["name"] for r in reader})
+    earlier = {_run_identity(r): r["name"] for r in collected_rows(csv_paths, ("name", "command", "commit", "wall_s"))}
     dropped = {r["name"]: earlier[_run_identity(r)] for r in rows if _run_identity(r) in earlier}
     kept = [dict(r) for r in rows if r["name"] not in dropped]
     for r in kept:

@@ -249,9 +249,8 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
-  # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; that is left for a lease of its own:
-  # FIRST=1 REST_GPUS=none n.sh 588 mtlr12, then ONLY='["pre_full", "mt_pre_full_*_s2_*"]' JOBS=9 n.sh 588 mtlr12 and
-  # the same with LAST=1 if a run was cut). rows2: its IIC (Dec) rows and [dicece] ran (the rows2a calls), its
+  # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; now included at the
+  # end of rows2). rows2: its IIC (Dec) rows and [dicece] ran (the rows2a calls), its
   # Contrast (Enc) and Ours (Dec) rows (the rows2b calls, as run below) but Contrast (Enc)'s RV 4 seed 1 at 2e-5 /
   # 5e-4; rows2.json now also includes what mtlr12 left, so that one staged lease runs both (../README.md, Next steps
   # 6: carry .carry/rows2, which restores pre_contrast_enc; FIRST=1 PRE='["pre_full"]' PRE_GPUS=0 REST_GPUS=1
