@@ -281,12 +281,22 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert [r.name for r in grid[55:61]] == [f"mt_{i}_prostate_n{n}_s0_lr2e-4" for i in ("random", "pre_full")
                                                  for n in (4, 6, 8)] and {r.expected_s for r in grid[55:]} == {2000}
         assert {r.meta["seed"] for r in grid[61:]} == {1, 2} and {r.kind for r in grid[55:]} == {"meanteacher"}
-        # after the p12 to p12d calls only Mean Teacher and MT + Ours at seed 2 are left, and the pre-training that
-        # MT + Ours needs (.carry/p12 restores it, so the runner skips it)
+        # the p12 to p12d calls left Mean Teacher and MT + Ours at seed 2 (and the pre-training MT + Ours needs,
+        # which .carry/p12 restores); the p12e calls ran them: nothing is left, not even the pre-training
         results = plan.parent.parent.parent / "promise12_paper_length"
-        left = ex.drop_collected(grid, [str(results / f"results_calls_{c}.csv.gz") for c in ("p12", "p12b", "p12c", "p12d")])
-        assert [r.name for r in left] == ["pre_full"] + [f"mt_{i}_prostate_n{n}_s2_lr2e-4" for i in ("random", "pre_full")
-                                                         for n in (4, 6, 8)]
+        csvs = [str(results / f"results_calls_{c}.csv.gz") for c in ("p12", "p12b", "p12c", "p12d")]
+        assert [r.name for r in ex.drop_collected(grid, csvs)] == ["pre_full"] + [
+            f"mt_{i}_prostate_n{n}_s2_lr2e-4" for i in ("random", "pre_full") for n in (4, 6, 8)]
+        assert ex.drop_collected(grid, csvs + [str(results / "results_calls_p12e.csv.gz")]) == []
+    if plan.name == "abl2.json":  # a second pre-training per alpha value: pre-training seed 1, its own names
+        pre = [r for r in grid if r.kind == "pretrain"]
+        assert len(grid) == 20 and [r.name for r in pre] == [f"pre_full_alpha{a}_pre5kb" for a in ("0", "0.25", "0.5",
+                                                                                                  "0.75", "1")]
+        assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--seed"] == "1" for r in pre)
+        first = ex.build_plan(plan.parent / "r.json", "/d", tmp_path)  # calls R's pre-trainings (seed 0)
+        assert not {r.name for r in first} & {r.name for r in grid}
+        assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2])).get("--seed") is None
+                   for r in first if r.kind == "pretrain")
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
@@ -1168,6 +1178,7 @@ def test_ablation_rows_average_over_seeds_and_render(tmp_path):
             for a, ds in ((0.0, (0.2, 0.4)), (0.5, (0.6, 0.8))) for s, d in enumerate(ds)]
     abl = rr.ablation_rows(rows)
     assert [(p[0], round(p[1], 6), p[3]) for p in abl[("alpha", "lv", 1)]] == [(0.0, 30.0, 2), (0.5, 70.0, 2)]
+    assert "each pre-training" not in "".join(rr.ablation_tables(abl))  # one pre-training per value: no such row
     png = rr.plot_ablations(abl, tmp_path / "ablations.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     # the table puts the paper's ablation row of the same cell beside ours (its Table "Impact of alpha", LV 1 scan)
@@ -1177,6 +1188,26 @@ def test_ablation_rows_average_over_seeds_and_render(tmp_path):
     assert rr.paper_ablation("num_clusters", "rv", 4, 60) == 76.39 and rr.paper_ablation("alpha", "lv", 1, 0.3) is None
     # ablation runs stay out of Table 1
     assert rr.table(rows)[0] == []
+
+
+def test_a_value_pre_trained_twice_pools_its_runs_and_shows_each_pre_training(tmp_path):
+    # alpha = 0 pre-trained twice (tags pre5k, pre5kb), 2 seeds each; alpha = 0.5 once: the cell pools all runs of a
+    # value and a row gives each pre-training's mean, in the order met
+    def row(value, init, seed, dice):
+        return _row(f"Contrast (Enc) + Ours (Dec) [{init[-6:]}]", "lv", 1, seed, 1e-4, 0.5, dice, ablation="alpha",
+                    ablation_value=value, init=init)
+
+    rows = [row(0.0, "pre_full_alpha0_pre5k", 0, 0.2), row(0.0, "pre_full_alpha0_pre5k", 1, 0.4),
+            row(0.0, "pre_full_alpha0_pre5kb", 0, 0.5), row(0.0, "pre_full_alpha0_pre5kb", 1, 0.7),
+            row(0.5, "pre_full_alpha0.5_pre5k", 0, 0.8), row(0.5, "pre_full_alpha0.5_pre5k", 1, 0.8)]
+    abl = rr.ablation_rows(rows)
+    (a0, a5) = abl[("alpha", "lv", 1)]
+    assert (a0[0], round(a0[1], 6), a0[3], [round(m, 6) for m in a0[5]]) == (0.0, 45.0, 4, [30.0, 60.0])
+    assert (a5[3], a5[5]) == (2, [80.0])
+    md = rr.ablation_tables(abl)
+    assert "| LV, 1 scan, ours | 45.00 (18.03, n=4) | **80.00** (0.00, n=2) |" in md
+    assert "| LV, 1 scan, each pre-training | 30.00 / 60.00 | 80.00 |" in md
+    assert rr.plot_ablations(abl, tmp_path / "ablations.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_shared_default_point_fills_the_other_ablations_default_value(tmp_path):
@@ -1382,10 +1413,10 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     # the [pre10k] rows are paired with the baseline of their own fine-tuning length and augmentation
     ("acdc_fast", "| Contrast (Enc) + Ours (Dec) [pre10k] | Baseline [long] | 15 | 15 | <0.001 | +31.6 (+14.5 to +52.3) | +16.9 |"),
     ("promise12_fast", "| Contrast (Enc) + Ours (Dec) | Baseline | 3 | 2 | 1.00 | +0.2 (-2.7 to +2.8) | +10.9 |"),
-    # the p12 to p12d calls: Baseline and the full method at the paper's lengths, then Mean Teacher and MT + Ours at
-    # 4 / 6 / 8 scans, seeds 0-1, MT + Ours paired with Mean Teacher (the paper's claim between the two)
+    # the p12 to p12e calls: Baseline and the full method at the paper's lengths, then Mean Teacher and MT + Ours at
+    # 4 / 6 / 8 scans, seeds 0-2, MT + Ours paired with Mean Teacher (the paper's claim between the two)
     ("promise12_paper_length", "| Baseline | 76.93 (2.69) | 81.15 (1.42) | 82.78 (1.32) |"),
-    ("promise12_paper_length", "| MT + Ours | Mean Teacher | 6 | 4 | 0.69 | +0.8 (-1.6 to +2.7) | +0.7 |"),
+    ("promise12_paper_length", "| MT + Ours | Mean Teacher | 9 | 5 | 1.00 | +0.3 (-1.6 to +2.7) | +0.7 |"),
 ])
 def test_the_committed_fast_reports_are_what_their_scripts_make_of_their_csvs(tmp_path, name, line):
     # docs/results/*_fast/README.md (and promise12_paper_length's) must stay what report.sh gives from the committed CSVs and note (the cluster
@@ -1418,7 +1449,9 @@ def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_
     committed = (folder / "README.md").read_text()
     assert (tmp_path / "README.md").read_text() == committed
     assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
-    assert "| LV, 1 scan, ours | 59.52 (9.52, n=3) |" in committed  # the alpha = 0 cell of calls R
+    # alpha = 0: calls R's pre-training and the abl2 calls' second one (pre-training seed 1), 3 seeds each
+    assert "| LV, 1 scan, ours | 61.36 (10.49, n=6) |" in committed
+    assert "| LV, 1 scan, each pre-training | 59.52 / 63.21 |" in committed
 
 
 @pytest.mark.parametrize("tool, call", [

@@ -956,11 +956,13 @@ def _ablated_variant(r: dict) -> str:
 
 
 def ablation_rows(rows: list[dict]) -> dict:
-    """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n, shared_from)] over the
-    seeds of the ablation runs. The ablations share one default point (``experiments.ablation_defaults`` of the
-    variant) and the grid runs it once, under the first key: a run of key k at k's default v also stands for the
-    default of every other key k2, in a cell (k2, task, labelled scans) that has runs of its own but none at
-    k2's default; ``shared_from`` is then (k, v) (the first such key of ``ABLATIONS``' order), else ()."""
+    """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n, shared_from,
+    by_pretraining)] over the seeds of the ablation runs. The ablations share one default point
+    (``experiments.ablation_defaults`` of the variant) and the grid runs it once, under the first key: a run of key
+    k at k's default v also stands for the default of every other key k2, in a cell (k2, task, labelled scans) that
+    has runs of its own but none at k2's default; ``shared_from`` is then (k, v) (the first such key of
+    ``ABLATIONS``' order), else (). ``by_pretraining``: the mean x 100 of each pre-training's runs (its ``init``),
+    in the order first met, so that a value pre-trained twice shows how far two pre-trainings differ."""
     from experiments import ABLATIONS, ablation_defaults
 
     order, defaults_of = list(ABLATIONS), {}
@@ -968,7 +970,7 @@ def ablation_rows(rows: list[dict]) -> dict:
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
             key, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
-            dice = 100.0 * r["test_dice"]
+            dice = (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
             values[(key, task, n, value)].append(dice)
             variant = _ablated_variant(r)
             if variant not in defaults_of:
@@ -986,7 +988,11 @@ def ablation_rows(rows: list[dict]) -> dict:
             points[(k2, task, n, v2)] = (by_key[source], source)
     out = defaultdict(list)
     for (key, task, n, value), (v, source) in sorted(points.items()):
-        out[(key, task, n)].append((value, *_mean_std(v), len(v), source))
+        by_init = defaultdict(list)
+        for init, dice in v:
+            by_init[init].append(dice)
+        out[(key, task, n)].append((value, *_mean_std([d for _, d in v]), len(v), source,
+                                    [statistics.fmean(d) for d in by_init.values()]))
     return dict(out)
 
 
@@ -1009,6 +1015,9 @@ def ablation_tables(abl: dict) -> list[str]:
                f"| {where}, ours | " + " | ".join(ours) + " |"]
         if any(v is not None for v in paper):
             md.append(f"| {where}, paper | " + " | ".join("–" if v is None else f"{v:.2f}" for v in paper) + " |")
+        if any(len(p[5]) > 1 for p in pts):  # a value pre-trained more than once: each pre-training's mean
+            md.append(f"| {where}, each pre-training | " + " | ".join(" / ".join(f"{m:.2f}" for m in p[5])
+                                                                       for p in pts) + " |")
         md.append("")
         for p in pts:
             if p[4]:
@@ -1019,8 +1028,9 @@ def ablation_tables(abl: dict) -> list[str]:
 
 
 def plot_ablations(abl: dict, path: Path) -> Path | None:
-    """One panel per ablation key: our mean (std over seeds) per value for each task and labelled count, and the
-    paper's values of the same cells dashed in the same colour."""
+    """One panel per ablation key: our mean (std over seeds) per value for each task and labelled count, each
+    pre-training's mean as a short bar where a value was pre-trained more than once, and the paper's values of the
+    same cells dashed in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1035,6 +1045,9 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
             colour, where = f"C{i}", f"{TASK_NAMES.get(task, task)} {n}"
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                         color=colour, label=f"{where}, ours")
+            twice = [(p[0], m) for p in pts if len(p[5]) > 1 for m in p[5]]  # each pre-training's mean: small
+            if twice:
+                ax.plot(*zip(*twice), linestyle="none", marker="_", markersize=10, color=colour)
             lent = [p for p in pts if p[4]]  # the shared default point: hollow
             if lent:
                 ax.plot([p[0] for p in lent], [p[1] for p in lent], linestyle="none", marker="o", markersize=9,
