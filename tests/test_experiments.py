@@ -297,6 +297,11 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert not {r.name for r in first} & {r.name for r in grid}
         assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2])).get("--seed") is None
                    for r in first if r.kind == "pretrain")
+    if plan.name == "abl3.json":  # the same for lambda_CC and K: their non-default values only, pre-training seed 1
+        pre = [r for r in grid if r.kind == "pretrain"]
+        assert len(grid) == 28 and len(pre) == 7 and all(r.name.endswith("_pre5kb") for r in grid)
+        assert not any(r.name.startswith(("pre_full_lambda_cc1_", "pre_full_num_clusters40_")) for r in pre)
+        assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--seed"] == "1" for r in pre)
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

@@ -293,6 +293,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan
   fi
   NAME=$PHASE; PNG_RUNS=none ;;  # only the cluster panels in the PNG tar (T3's predictions of every RV run went over 16 MiB)
 plan)  # any plan file: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan; run it again until all is done
+  # (GPUS defaults to 0,1: give GPUS=0,1,2,3 on 4 GPUs; the abl2 calls ran plans/abl2.json so)
   plan_runner "${PLAN:?set PLAN to a plan file}" ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
@@ -368,3 +369,10 @@ exit 0
 #   "ft_pre_contrast_enc_*_s0_lr*", "ft_pre_contrast_enc_lv_n4_s1_*", "ft_pre_contrast_enc_myo_n4_s1_*"]' n.sh 538
 #   rows2 (473 s: 20 ended, five a GPU, in 388-422 s; the two RV seed-1 LR runs left out to fit). 1,714 s held;
 #   pre_contrast_enc and pre_ours_mi_cc renamed *_rows2 in the CSV; .carry/rows2 holds the last call's tar and weights.
+# As run (commit 86ca7d8, one nvidia-h100-x4 lease, 4 x H100; the p12e calls, thirty-first session, the PROMISE12
+#   pack and .carry/p12): JOBS=6 n.sh 560 p12 (538 s: the six seed-2 Mean Teacher runs at epochs 28-36 of 50,
+#   10.8-13.9 s an epoch), JOBS=6 n.sh 450 p12 (414 s: all six ended, 237-391 s a run over the two calls). p12 is
+#   done. 1,011 s held. Then, a fresh lease with the ACDC pack (the abl2 calls, commit cfeba64; a start of about
+#   60 s): GPUS=0,1,2,3 JOBS=20 PLAN=docs/results/gpu_calls/plans/abl2.json n.sh 520 plan (497 s: the five
+#   pre-trainings side by side in 311-448 s, nine fine-tunes in 124-132 s, six cut before they began), the same
+#   with n.sh 185 (106 s: the six in 74-87 s). Device time 1,699 of 1,800 s.
