@@ -333,7 +333,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_rows.csv.gz") as f:
             ran = {row["name"] for row in csv.DictReader(f)} - {"pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"}
         rows = {r.name for r in ex.build_plan(plan.parent / "rows.json", "/d", tmp_path)}
-        own, included = [r for r in grid[:-9] if r.name != "pre_full"], grid[-9:]
+        own, included, samepre0 = [r for r in grid[:-27] if r.name != "pre_full"], grid[-27:-18], grid[-18:]
         names = [r.name for r in own]
         assert len(names) == 76
         lrs = {f"ft_pre_{m}_{t}_n4_s{s}_lr{lr}" for m in ("iic_dec", "contrast_enc") for t in ("lv", "rv", "myo")
@@ -347,9 +347,14 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert grid[3].name == "pre_full" and [r.commands for r in [grid[3], *included]] == [r.commands for r in mtlr12_left]
         # the rows2a and rows2b calls ran all but Contrast (Enc)'s RV 4 seed 1 at 2e-5 / 5e-4 (their pre-training is
         # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restores it as pre_contrast_enc): that and mtlr12's rest
+        # last, the full method's LR choice at 2 / 4 scans for seed 0, all three LRs from that same pre_full: tagged
+        # samepre0, since mt3's [samepre] LV runs at 1e-4, seed 0, came from another pre-training (pre_full_mt3)
+        assert [r.name for r in samepre0] == [f"ft_pre_full_{t}_n{n}_s0_lr{lr}_samepre0" for t in ("lv", "rv", "myo")
+                                              for n in (2, 4) for lr in ("2e-5", "1e-4", "5e-4")]
+        assert {r.depends for r in samepre0} == {("pre_full",)} and {r.expected_s for r in samepre0} == {400}
         left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
         assert left == ["pre_contrast_enc", "pre_full", "ft_pre_contrast_enc_rv_n4_s1_lr2e-5",
-                        "ft_pre_contrast_enc_rv_n4_s1_lr5e-4"] + [r.name for r in included]
+                        "ft_pre_contrast_enc_rv_n4_s1_lr5e-4"] + [r.name for r in included + samepre0]
     if plan.name == "rows.json":  # the other Table 1 rows: 3 pre-trainings, 1 scan first, then [dicece], then 2 and 4
         assert [r.name for r in grid[:3]] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 93
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]

@@ -255,8 +255,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan
   # 5e-4; rows2.json now also includes what mtlr12 left, so that one staged lease runs both (../README.md, Next steps
   # 6: carry .carry/rows2, which restores pre_contrast_enc; FIRST=1 PRE='["pre_full"]' PRE_GPUS=0 REST_GPUS=1
   # REST='["ft_pre_contrast_enc_*"]' JOBS=2, then ONLY='["mt_pre_full_*_s2_*"]'); after it, experiments.py
-  # rename_pretraining pre_full pre_full_mtlr2. p12's seed 2
-  # Mean Teacher runs (carry .carry/p12: six runs, two a GPU; ../README.md, Next steps 6), and what u, v and z left.
+  # rename_pretraining pre_full pre_full_mtlr2. rows2.json ends with the full method's seed-0 LR choice at 2 / 4 scans
+  # from that pre_full ([samepre0]: LAST=1 JOBS=18 ONLY='["ft_pre_full_*_samepre0"]', >= 425 s). p12: done (p12e).
+  # Left: what u, v and z left.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
