@@ -302,6 +302,26 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert len(grid) == 28 and len(pre) == 7 and all(r.name.endswith("_pre5kb") for r in grid)
         assert not any(r.name.startswith(("pre_full_lambda_cc1_", "pre_full_num_clusters40_")) for r in pre)
         assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--seed"] == "1" for r in pre)
+    if plan.name == "mtlr24.json":  # Mean Teacher's and MT + Ours's LR choice at 2 / 4 scans, seeds 0-1: Mean Teacher
+        # [tsep] at the two other LRs (its 1e-4 runs are Table 1's), MT + Ours [onepre] at all three from one pre_full
+        mt = [r for r in grid if r.name.startswith("mt_random_")]
+        onepre = [r for r in grid if r.name.startswith("mt_pre_full_")]
+        assert grid[0].name == "pre_full" and (len(mt), len(onepre), len(grid)) == (24, 36, 61)
+        assert {r.meta["lr"] for r in mt} == {2e-5, 5e-4} and {r.meta["lr"] for r in onepre} == {2e-5, 1e-4, 5e-4}
+        assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4} and {r.meta["seed"] for r in grid[1:]} == {0, 1}
+        assert all(r.name.endswith("_cw1_tsep") for r in mt) and all(r.name.endswith("_cw1_onepre") for r in onepre)
+        assert {r.depends for r in onepre} == {("pre_full",)}
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # nothing of it has run
+    if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans, seeds 0-1: all three
+        # LRs from one new pre-training each ([onepre]; the 1e-4 runs of Table 1 came from pre-trainings now gone)
+        pre = [r.name for r in grid if r.kind == "pretrain"]
+        assert pre == ["pre_iic_dec", "pre_contrast_enc"] and len(grid) == 74
+        for p in pre:
+            runs = [r for r in grid if r.depends == (p,)]
+            assert len(runs) == 36 and all(r.name.endswith("_onepre") for r in runs)
+            assert {(r.meta["labelled_scans"], r.meta["seed"], r.meta["lr"]) for r in runs} == {
+                (n, s, lr) for n in (1, 2) for s in (0, 1) for lr in (2e-5, 1e-4, 5e-4)}
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

@@ -246,7 +246,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan phase, usually 4 GPUs and 3
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; now included at the
@@ -257,7 +257,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan
   # REST='["ft_pre_contrast_enc_*"]' JOBS=2, then ONLY='["mt_pre_full_*_s2_*"]'); after it, experiments.py
   # rename_pretraining pre_full pre_full_mtlr2. rows2.json ends with the full method's seed-0 LR choice at 2 / 4 scans
   # from that pre_full ([samepre0]: LAST=1 JOBS=18 ONLY='["ft_pre_full_*_samepre0"]', >= 425 s). p12: done (p12e).
-  # Left: what u, v and z left.
+  # Left: what u, v and z left. Prepared: mtlr24 and lr12 (the rest of the LR choice), abl3 (lambda_CC and K's second
+  # pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3 PLAN=plans/abl2.json n.sh 520
+  # plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -266,7 +268,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|rows|rows2|decdiag|decdiag2|p12)  # a plan
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12) REST=${REST:-'["mt_random_*"]'} ;; esac
+  case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12|mtlr24) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
