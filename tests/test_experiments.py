@@ -312,15 +312,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert all(r.name.endswith("_cw1_tsep") for r in mt) and all(r.name.endswith("_cw1_onepre") for r in onepre)
         assert {r.depends for r in onepre} == {("pre_full",)}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # nothing of it has run
-    if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans, seeds 0-1: all three
-        # LRs from one new pre-training each ([onepre]; the 1e-4 runs of Table 1 came from pre-trainings now gone)
+    if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans (their 4-scan one ran in
+        # rows2), Ours (Dec) MI+CC's at 1 / 2 / 4, seeds 0-1: all three LRs from one new pre-training each ([onepre];
+        # the 1e-4 runs of Table 1 came from pre-trainings now gone)
         pre = [r.name for r in grid if r.kind == "pretrain"]
-        assert pre == ["pre_iic_dec", "pre_contrast_enc"] and len(grid) == 74
-        for p in pre:
+        assert pre == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 3 + 36 + 36 + 54
+        for p, counts in (("pre_iic_dec", (1, 2)), ("pre_contrast_enc", (1, 2)), ("pre_ours_mi_cc", (1, 2, 4))):
             runs = [r for r in grid if r.depends == (p,)]
-            assert len(runs) == 36 and all(r.name.endswith("_onepre") for r in runs)
+            assert all(r.name.endswith("_onepre") for r in runs) and len(runs) == 18 * len(counts)
             assert {(r.meta["labelled_scans"], r.meta["seed"], r.meta["lr"]) for r in runs} == {
-                (n, s, lr) for n in (1, 2) for s in (0, 1) for lr in (2e-5, 1e-4, 5e-4)}
+                (n, s, lr) for n in counts for s in (0, 1) for lr in (2e-5, 1e-4, 5e-4)}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == grid
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
