@@ -756,7 +756,9 @@ def plot_cluster_panels(pretrain_rows: list[dict], path: Path, max_rows: int = 2
         return None
     groups = list(dict.fromkeys(g for g, _, _ in panels))
     cols = max(sum(g == group for g, _, _ in panels) for group in groups)
-    fig, axes = plt.subplots(len(groups), cols, figsize=(2.5 * cols, (0.4 + 0.95 * max_rows) * len(groups)), squeeze=False)
+    # constrained layout keeps the suptitle of a one-row figure clear of its panels' titles
+    fig, axes = plt.subplots(len(groups), cols, figsize=(2.5 * cols, (0.4 + 0.95 * max_rows) * len(groups)), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat:
         ax.axis("off")
     common = {name.rsplit("\n", 1)[0] for _, name, _ in panels} if ablations else set()
