@@ -366,13 +366,14 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # then, included, what mtlr12 left: MT + Ours [onepre] at seed 2 from a pre_full of its own, runs for runs
         mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
         assert grid[3].name == "pre_full" and [r.commands for r in [grid[3], *included]] == [r.commands for r in mtlr12_left]
-        # the rows2a and rows2b calls ran all but Contrast (Enc)'s RV 4 seed 1 at 2e-5 / 5e-4 (their pre-training is
-        # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restores it as pre_contrast_enc): that and mtlr12's rest
         # last, the full method's LR choice at 2 / 4 scans for seed 0, all three LRs from that same pre_full: tagged
         # samepre0, since mt3's [samepre] LV runs at 1e-4, seed 0, came from another pre-training (pre_full_mt3)
         assert [r.name for r in samepre0] == [f"ft_pre_full_{t}_n{n}_s0_lr{lr}_samepre0" for t in ("lv", "rv", "myo")
                                               for n in (2, 4) for lr in ("2e-5", "1e-4", "5e-4")]
         assert {r.depends for r in samepre0} == {("pre_full",)} and {r.expected_s for r in samepre0} == {400}
+        # the rows2a and rows2b calls ran all but Contrast (Enc)'s RV 4 seed 1 at 2e-5 / 5e-4 (their pre-training is
+        # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restores it as pre_contrast_enc): that, mtlr12's rest and
+        # [samepre0] are left
         left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
         assert left == ["pre_contrast_enc", "pre_full", "ft_pre_contrast_enc_rv_n4_s1_lr2e-5",
                         "ft_pre_contrast_enc_rv_n4_s1_lr5e-4"] + [r.name for r in included + samepre0]

@@ -972,8 +972,8 @@ def ablation_rows(rows: list[dict]) -> dict:
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
             key, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
-            dice = (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
-            values[(key, task, n, value)].append(dice)
+            pretraining_dice = (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
+            values[(key, task, n, value)].append(pretraining_dice)
             variant = _ablated_variant(r)
             if variant not in defaults_of:
                 defaults_of[variant] = ablation_defaults(variant)
@@ -981,7 +981,7 @@ def ablation_rows(rows: list[dict]) -> dict:
             if defaults.get(key) == value:
                 for k2, v2 in defaults.items():
                     if k2 != key:
-                        shared[(k2, task, n, v2)][(key, value)].append(dice)
+                        shared[(k2, task, n, v2)][(key, value)].append(pretraining_dice)
     cells = {(key, task, n) for key, task, n, _ in values}
     points = {k: (v, ()) for k, v in values.items()}
     for (k2, task, n, v2), by_key in shared.items():
@@ -991,8 +991,8 @@ def ablation_rows(rows: list[dict]) -> dict:
     out = defaultdict(list)
     for (key, task, n, value), (v, source) in sorted(points.items()):
         by_init = defaultdict(list)
-        for init, dice in v:
-            by_init[init].append(dice)
+        for pretraining, dice in v:
+            by_init[pretraining].append(dice)
         out[(key, task, n)].append((value, *_mean_std([d for _, d in v]), len(v), source,
                                     [statistics.fmean(d) for d in by_init.values()]))
     return dict(out)
