@@ -1787,6 +1787,54 @@ def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
                                       "--dtype float16")
 
 
+def test_n_sh_restores_a_carry_into_the_work_dir_this_lease_started_without_replacing_its_files(tmp_path):
+    # an ACDC lease whose first call carried .device and began a pre-training in the plan's work dir: the next call,
+    # carrying .carry/PHASE, must still restore the carried runs and weights, but never over this lease's own files
+    # (its newer log, its pre-training's weights), and the call after it must not restore again
+    import os
+    import subprocess
+    import tarfile
+
+    bin_dir, calls, carry = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "carry"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    work = tmp_path / "w" / "n" / "rows2"
+    (work / "runs" / "pre_full").mkdir(parents=True)  # this lease's first call: pre_full ended, its log written
+    (work / "runs" / "pre_full" / "result.json").write_text('{"lease": "this"}')
+    (work / "runs" / "pre_full" / "model.pt").write_text("this lease's weights")
+    (tmp_path / "w" / "n" / "rows2.out").write_text("this lease's log")
+    src = tmp_path / "src" / "n"
+    for name in ("pre_contrast_enc", "ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "pre_full"):
+        (src / "rows2" / "runs" / name).mkdir(parents=True)
+        (src / "rows2" / "runs" / name / "result.json").write_text('{"lease": "carried"}')
+    (src / "rows2.out").write_text("the carried log")
+    carry.mkdir()
+    with tarfile.open(carry / "n_rows2.tgz", "w:gz") as tar:
+        tar.add(src, arcname="n")
+    for name in ("pre_contrast_enc", "pre_full"):
+        (carry / f"{name}_fp16.pt").write_bytes(b"")
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "CARRY": str(carry),
+               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out"), "N_GPUS": "4"}
+    for call in (2, 3):
+        done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "rows2"],
+                              cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "phase rows2 ended" in done.stdout, done.stdout + done.stderr
+        restored = f"restored {work} from {carry}: 3 finished runs"
+        assert (restored in done.stdout) if call == 2 else ("restored" not in done.stdout)
+    assert (work / "runs" / "ft_pre_contrast_enc_lv_n4_s0_lr1e-4" / "result.json").read_text() == '{"lease": "carried"}'
+    assert (work / "runs" / "pre_full" / "result.json").read_text() == '{"lease": "this"}'
+    assert (work / "runs" / "pre_full" / "model.pt").read_text() == "this lease's weights"
+    assert (tmp_path / "w" / "n" / "rows2.out").read_text().startswith("this lease's log")
+    weights = [x for x in calls.read_text().splitlines() if " weights " in f" {x} "]
+    assert [x.split("|", 1)[1] for x in weights] == [
+        f"tools/experiments.py weights {carry}/pre_contrast_enc_fp16.pt {work}/runs/pre_contrast_enc/model.pt "
+        "--dtype float32"]
+
+
 def test_portable_command_keeps_the_settings_and_drops_the_paths():
     import shlex
 

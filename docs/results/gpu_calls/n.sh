@@ -36,14 +36,18 @@ python -c "import monai, ignite" 2>/dev/null ||
 # a plan phase's work dir carried from an earlier lease (CARRY, default .carry/PHASE, an ignored folder the run call
 # carries): n_PHASE.tgz, the results tar of that lease's last call, and pre_*_fp16.pt, its pre-trainings' model.pt in
 # float16 (experiments.py weights); restored once, before anything runs, so that the runner skips every finished run
-# and fine-tunes from those pre-trainings (the p12 calls of the seventeenth session brought back pre_full)
+# and fine-tunes from those pre-trainings (the p12 calls of the seventeenth session brought back pre_full). Into a work
+# dir that an earlier call of this lease started (a first call that carried .device and ran a pre-training), without
+# replacing any of its files (--skip-old-files), so that no carried file overwrites a newer one; a marker file keeps
+# the lease's later calls from restoring again.
 CARRY=${CARRY:-.carry/$PHASE}
-if [ -f $CARRY/n_$PHASE.tgz ] && [ ! -d $W/$PHASE ]; then
-  tar xzf $CARRY/n_$PHASE.tgz -C $TW || exit 1
+if [ -f $CARRY/n_$PHASE.tgz ] && [ ! -f $W/.restored_$PHASE ]; then
+  tar xzf $CARRY/n_$PHASE.tgz -C $TW --skip-old-files || exit 1
   for f in $CARRY/pre_*_fp16.pt; do
-    [ -f $f ] || continue; q=$(basename $f _fp16.pt)
+    [ -f $f ] || continue; q=$(basename $f _fp16.pt); [ -f $W/$PHASE/runs/$q/model.pt ] && continue
     python tools/experiments.py weights $f $W/$PHASE/runs/$q/model.pt --dtype float32 || exit 1
   done
+  touch $W/.restored_$PHASE
   echo "restored $W/$PHASE from $CARRY: $(ls $W/$PHASE/runs/*/result.json | wc -l) finished runs"
 fi
 nvidia-smi -L; echo "data ready at $(( $(date +%s) - START )) s"
