@@ -322,6 +322,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             assert all(r.name.endswith("_onepre") for r in runs) and len(runs) == 18 * len(counts)
             assert {(r.meta["labelled_scans"], r.meta["seed"], r.meta["lr"]) for r in runs} == {
                 (n, s, lr) for n in counts for s in (0, 1) for lr in (2e-5, 1e-4, 5e-4)}
+        # the rows2c lease ran the three pre-trainings beside its own (results_calls_lr12a names them pre_*_lr12;
+        # .carry/lr12 restores them under the plan's names) and none of the fine-tunes, so the grid stays whole: its
+        # leases skip the restored pre-trainings by their result.json, and collect --skip_collected by their identity
+        with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_lr12a.csv.gz") as f:
+            ran = {row["name"]: row["kind"] for row in csv.DictReader(f)}
+        assert ran == {f"{p}_lr12": "pretrain" for p in pre}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == grid
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
@@ -364,7 +370,8 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert rows - ran - set(names) == set() and all(r.expected_s == 340 for r in own[3:-24])
         assert set(names[-24:]) == lrs and all(r.expected_s == 460 for r in own[-24:])
         # then, included, what mtlr12 left: MT + Ours [onepre] at seed 2 from a pre_full of its own, runs for runs
-        mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), _acdc_results_csvs())
+        before_rows2c = [c for c in _acdc_results_csvs() if not c.endswith("_rows2c.csv.gz")]
+        mtlr12_left = ex.drop_collected(ex.build_plan(plan.parent / "mtlr12.json", "/d", tmp_path), before_rows2c)
         assert grid[3].name == "pre_full" and [r.commands for r in [grid[3], *included]] == [r.commands for r in mtlr12_left]
         # last, the full method's LR choice at 2 / 4 scans for seed 0, all three LRs from that same pre_full: tagged
         # samepre0, since mt3's [samepre] LV runs at 1e-4, seed 0, came from another pre-training (pre_full_mt3)
@@ -372,11 +379,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
                                               for n in (2, 4) for lr in ("2e-5", "1e-4", "5e-4")]
         assert {r.depends for r in samepre0} == {("pre_full",)} and {r.expected_s for r in samepre0} == {400}
         # the rows2a and rows2b calls ran all but Contrast (Enc)'s RV 4 seed 1 at 2e-5 / 5e-4 (their pre-training is
-        # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restores it as pre_contrast_enc): that, mtlr12's rest and
-        # [samepre0] are left
-        left = [r.name for r in ex.drop_collected(grid, _acdc_results_csvs())]
+        # pre_contrast_enc_rows2 in the CSV; .carry/rows2 restored it as pre_contrast_enc): that, mtlr12's rest and
+        # [samepre0] were left, and the rows2c calls ran them all: nothing is left
+        left = [r.name for r in ex.drop_collected(grid, before_rows2c)]
         assert left == ["pre_contrast_enc", "pre_full", "ft_pre_contrast_enc_rv_n4_s1_lr2e-5",
                         "ft_pre_contrast_enc_rv_n4_s1_lr5e-4"] + [r.name for r in included + samepre0]
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == []
     if plan.name == "rows.json":  # the other Table 1 rows: 3 pre-trainings, 1 scan first, then [dicece], then 2 and 4
         assert [r.name for r in grid[:3]] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc"] and len(grid) == 93
         counts = [r.meta["labelled_scans"] for r in grid[3:] if not r.name.endswith("_dicece")]
@@ -465,12 +473,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["lr"] for r in grid[1:13]} == {2e-5, 5e-4} and {r.meta["method"] for r in grid[13:]} == {"MT + Ours [onepre]"}
         first = ex.narrow_runs(grid, ["pre_full", "*_s1_*"])  # the first lease's ONLY: its seed and the pre-training
         assert len(first) == 16 and {r.meta["seed"] for r in first[1:]} == {1}
-        # the mtlr12 calls ran seed 1 (pre_full renamed pre_full_mtlr1) and seed 2's random-init runs: what is left is
-        # seed 2's MT + Ours [onepre] at three LRs and the pre-training they need, under a name no other CSV took
-        left = ex.drop_collected(grid, _acdc_results_csvs())
+        # the mtlr12 calls ran seed 1 (pre_full renamed pre_full_mtlr1) and seed 2's random-init runs; what they left,
+        # seed 2's MT + Ours [onepre] at three LRs and its pre-training, rows2 included and the rows2c calls ran
+        # (pre_full_mtlr2): nothing is left
+        csvs = _acdc_results_csvs()
+        left = ex.drop_collected(grid, [c for c in csvs if not c.endswith("_rows2c.csv.gz")])
         assert left[0].name == "pre_full" and len(left) == 10 and {r.meta["seed"] for r in left[1:]} == {2}
         assert {r.meta["method"] for r in left[1:]} == {"MT + Ours [onepre]"} and all(r.depends == ("pre_full",) for r in left[1:])
-        assert ex.narrow_runs(grid, ["pre_full", "mt_pre_full_*_s2_*"]) == left  # the next lease's ONLY
+        assert ex.narrow_runs(grid, ["pre_full", "mt_pre_full_*_s2_*"]) == left  # the rows2c lease's ONLY
+        assert ex.drop_collected(grid, csvs) == []
     if plan.name == "z.json":  # [unlab] and [tsep] against [gamma] first, then the rest of y
         assert len(grid) == 29 and {r.kind for r in grid} == {"meanteacher"}
         assert {r.name.rsplit("_", 1)[1] for r in grid[:16]} == {"unlab", "tsep"} and "_cw1_" in grid[7].name

@@ -253,17 +253,11 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
 t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
-  # mtlr, decdiag2 but its RV runs, mtlr12 but seed 2's MT + Ours (as run below; now included at the
-  # end of rows2). rows2: its IIC (Dec) rows and [dicece] ran (the rows2a calls), its
-  # Contrast (Enc) and Ours (Dec) rows (the rows2b calls, as run below) but Contrast (Enc)'s RV 4 seed 1 at 2e-5 /
-  # 5e-4; rows2.json now also includes what mtlr12 left, so that one staged lease runs both (../README.md, Next steps
-  # 6: carry .carry/rows2, which restores pre_contrast_enc; FIRST=1 PRE='["pre_full"]' PRE_GPUS=0 REST_GPUS=1
-  # REST='["ft_pre_contrast_enc_*"]' JOBS=2, then ONLY='["mt_pre_full_*_s2_*"]'); after it, experiments.py
-  # rename_pretraining pre_full pre_full_mtlr2. rows2.json ends with the full method's seed-0 LR choice at 2 / 4 scans
-  # from that pre_full ([samepre0]: LAST=1 JOBS=18 ONLY='["ft_pre_full_*_samepre0"]', >= 425 s). p12: done (p12e).
-  # Left: what u, v and z left. Prepared: mtlr24 and lr12 (the rest of the LR choice), abl3 (lambda_CC and K's second
-  # pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3 PLAN=plans/abl2.json n.sh 520
-  # plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
+  # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
+  # as run below), p12 (p12e), lr12's three pre-trainings (the rows2c lease; .carry/lr12 restores them).
+  # Left: what u, v and z left. Prepared: lr12's fine-tunes and mtlr24 (the rest of the LR choice), abl3 (lambda_CC and
+  # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
+  # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -383,3 +377,14 @@ exit 0
 #   60 s): GPUS=0,1,2,3 JOBS=20 PLAN=docs/results/gpu_calls/plans/abl2.json n.sh 520 plan (497 s: the five
 #   pre-trainings side by side in 311-448 s, nine fine-tunes in 124-132 s, six cut before they began), the same
 #   with n.sh 185 (106 s: the six in 74-87 s). Device time 1,699 of 1,800 s.
+# As run (commit 79867c7, one nvidia-h100-x4 lease, 4 x H100; the rows2c calls, thirty-second session, the ACDC pack;
+#   a start of about 40 s): carrying .device, `n.sh 120 stage && { (FIRST=1 PRE='["pre_full"]' PRE_GPUS=0
+#   REST_GPUS=none n.sh 590 rows2 > /tmp/c1_rows2.log 2>&1) & (FIRST=1 PRE='["pre_*"]' PRE_GPUS=1,2,3 REST_GPUS=none
+#   n.sh 590 lr12 > /tmp/c1_lr12.log 2>&1) & wait; rm -f $OUT/n_rows2_png.tgz; }` (553 s: staged in 38 s; pre_full
+#   in 486 s, lr12's pre_contrast_enc / pre_iic_dec / pre_ours_mi_cc in 261 / 414 / 466 s, one a GPU); carrying
+#   .carry/rows2 (restored in 38 s into the started work dir: 47 finished runs), JOBS=11 ONLY='["pre_full",
+#   "mt_pre_full_*_s2_*", "ft_pre_contrast_enc_*"]' n.sh 588 rows2 (565 s: the two Contrast (Enc) runs in 259-262 s,
+#   six MT + Ours in 462-505 s, three cut at epochs 47-48); carrying nothing, `experiments.py weights` of lr12's three
+#   pre-trainings to $OUT beside LAST=1 JOBS=21 WEIGHTS_OUT=pre_full ONLY='["mt_pre_full_*_s2_*",
+#   "ft_pre_full_*_samepre0"]' n.sh 575 rows2 (481 s: the three resumed and ended, the 18 [samepre0], 4-5 a GPU, in
+#   332-441 s). rows2 is done. 1,670 s held; pre_full renamed pre_full_mtlr2 in the CSV.
