@@ -843,6 +843,31 @@ def test_chosen_lr_lines_show_the_validation_choice_per_seed_and_each_lrs_test_d
     assert not any("more than one pre-training" in line for line in rr.chosen_lr_lines(rr.select(same, "tuned"), same))
 
 
+def test_lr_choice_lines_pool_only_units_whose_lrs_share_their_start():
+    # the fairness question for one row: over the seeds whose LRs differ in nothing else, what does each LR score, and
+    # what does the LR that validation picks score? A seed whose LRs started from two pre-trainings measures those too
+    full, a, b = "Contrast (Enc) + Ours (Dec)", "Contrast (Enc) + Ours (Dec) [a]", "Contrast (Enc) + Ours (Dec) [b]"
+    rows = [_row("Baseline", "lv", 1, 0, 1e-4, 0.5, 0.60), _row("Baseline", "lv", 1, 0, 5e-4, 0.7, 0.40),
+            _row("Baseline", "lv", 1, 1, 1e-4, 0.6, 0.50), _row("Baseline", "lv", 1, 1, 5e-4, 0.4, 0.70),
+            _row("Baseline", "rv", 1, 0, 1e-4, 0.5, 0.30),  # one LR: no choice to measure
+            _row(full, "lv", 1, 0, 1e-4, 0.8, 0.80, init="pre_x"), _row(full, "lv", 1, 0, 5e-4, 0.9, 0.70, init="pre_y"),
+            _row(a, "lv", 2, 1, 1e-4, 0.8, 0.80, init="pre_1"), _row(a, "lv", 2, 1, 5e-4, 0.9, 0.90, init="pre_1"),
+            _row(b, "lv", 2, 0, 1e-4, 0.9, 0.70, init="pre_0"), _row(b, "lv", 2, 0, 5e-4, 0.8, 0.50, init="pre_0"),
+            _row(b, "rv", 2, 0, 1e-4, 0.5, 0.60, init="pre_0"),
+            {"name": "pre_x", "kind": "pretrain", "method": full}]
+    md = rr.lr_choice_lines(rows, {"both tags": [a, b]})
+    table = [line for line in md if line.startswith("| ") and not line.startswith("| row")]
+    assert table == [
+        # seed 0 chose 5e-4 (test 40), seed 1 chose 1e-4 (test 50): 45, and neither was the seed's best test LR
+        "| Baseline | 2 | 1e-4: 55.0, 5e-4: 55.0 | 45.0 (1e-4 x1, 5e-4 x1) | 0 of 2 |",
+        "| Contrast (Enc) + Ours (Dec) [a] | 1 | 1e-4: 80.0, 5e-4: 90.0 | 90.0 (5e-4 x1) | 1 of 1 |",
+        "| Contrast (Enc) + Ours (Dec) [b] | 1 | 1e-4: 70.0, 5e-4: 50.0 | 70.0 (1e-4 x1) | 1 of 1 |",
+        "| both tags | 2 | 1e-4: 75.0, 5e-4: 70.0 | 80.0 (1e-4 x1, 5e-4 x1) | 2 of 2 |"]  # the full method: two starts
+    assert rr.lr_choice_lines([r for r in rows if r.get("lr") == 1e-4]) == []
+    with pytest.raises(rr.ReportError, match="lr_pools 'x'.*Mean Teacher"):
+        rr.lr_choice_lines(rows, {"x": ["Mean Teacher"]})
+
+
 def test_cluster_quality_table_names_each_pretraining_with_its_tag_and_pools_before_per_scan():
     pre = {"kind": "pretrain", "cq_LV": 0.751, "cq_LV_per_scan": 0.701, "cq_nmi": 0.186}
     rows = [dict(pre, name="pre_full", variant="full"), dict(pre, name="pre_full_pre10k", variant="full", tag="pre10k"),

@@ -1283,7 +1283,8 @@ class CLI:
     def report(self, csv_paths, out_dir: str = "docs/results", title: str = "Results", note: str = "",
                methods=None, relabel=None, paper_lr: float | None = None, per_scan=None, pair_with=None,
                groups: str | None = None, group_focus: str | None = None, panels_note: str = "",
-               order_against: str | None = None, order_against_name: str = "", per_scan_methods=None) -> None:
+               order_against: str | None = None, order_against_name: str = "", per_scan_methods=None,
+               lr_pools=None) -> None:
         """Render results CSV(s) as the paper's tables (markdown) and plots (PNG) in ``out_dir`` (``note``: a
         paragraph placed under the title; ``methods``: only these rows, e.g. ``'["Baseline [long]"]'``;
         ``relabel``: rows that ran the same settings under another label, ``'{"Baseline [longaug]": "Baseline"}'``;
@@ -1295,7 +1296,8 @@ class CLI:
         to detail run by run, e.g. NOR; ``panels_note``: markdown closing the cluster maps' section;
         ``order_against``: another report's ``table_cells.json``, named ``order_against_name``, whose order of the
         untagged rows each table is also counted against, e.g. a fast protocol's against the full one's;
-        ``per_scan_methods``: only these rows in the hardest-scans and patient-group tables, e.g. Table 1's). Without
+        ``per_scan_methods``: only these rows in the hardest-scans and patient-group tables, e.g. Table 1's;
+        ``lr_pools``: lines of the LR-choice summary pooling several rows, ``'{"full method": ["A [x]", "A [y]"]}'``). Without
         the pre-training folders a cluster panel PNG already in ``out_dir`` is kept and linked. Besides README.md
         and the PNGs, it writes ``table_cells.json`` (each table's means and seed counts, for another report's
         ``order_against`` and for ``table1``)."""
@@ -1303,6 +1305,8 @@ class CLI:
 
         if relabel is not None and not isinstance(relabel, dict):
             raise ExperimentError(f"relabel must be a JSON object of labels, old -> new; got {relabel!r}")
+        if lr_pools is not None and not (isinstance(lr_pools, dict) and all(isinstance(v, list) for v in lr_pools.values())):
+            raise ExperimentError(f"lr_pools must be a JSON object, name -> [row labels]; got {lr_pools!r}")
         if pair_with is not None and not isinstance(pair_with, dict):
             raise ExperimentError(f"pair_with must be a JSON object of labels, method -> reference or [references]; "
                                   f"got {pair_with!r}")
@@ -1311,7 +1315,7 @@ class CLI:
                               per_scan=_path_list(per_scan) if per_scan else None, pair_with=pair_with,
                               groups=groups, group_focus=group_focus, panels_note=panels_note,
                               order_against=order_against, order_against_name=order_against_name,
-                              per_scan_methods=per_scan_methods):
+                              per_scan_methods=per_scan_methods, lr_pools=lr_pools):
             print(p)
 
 

@@ -349,6 +349,54 @@ def chosen_lr_lines(chosen: list[dict], rows: list[dict]) -> list[str]:
     return md + [""]
 
 
+def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
+    """Markdown lines: how much the LR choice matters for each row, over its *clean* units only: a (task, labelled
+    scans, seed) run at two or more LRs, once each, every run from the same start (one pre-training, or random
+    init), so that the LRs differ in nothing else. Per row: the units, the mean test Dice x 100 at each LR, at the
+    LR the validation Dice chose (:func:`select`'s rule) with how often it chose each LR, and how often that was
+    the unit's best test LR. ``pools``: ``{name: [row labels]}``, extra lines pooling several rows' clean units
+    (e.g. one method's seeds run under two tags because their pre-trainings differ)."""
+    from experiments import _fmt_lr  # the run names' LR format (5e-4), one place
+
+    units = defaultdict(list)
+    for r in rows:
+        if r.get("kind") != "pretrain" and not r.get("ablation"):
+            units[(r["method"], r["task"], int(r["labelled_scans"]), int(r["seed"]))].append(r)
+    clean = {k: runs for k, runs in units.items()
+             if len({r["lr"] for r in runs}) == len(runs) > 1 and len({r.get("init") or "random" for r in runs}) == 1}
+    labels = {k[0] for k in clean}
+    order = [m for m in METHOD_ORDER if m in labels] + sorted(labels - set(METHOD_ORDER), key=lambda m: (
+        METHOD_ORDER.index(m.split(" [")[0]) if m.split(" [")[0] in METHOD_ORDER else len(METHOD_ORDER), m))
+    groups = {m: [runs for k, runs in clean.items() if k[0] == m] for m in order}
+    for name, members in (pools or {}).items():
+        unknown = sorted(set(members) - {r["method"] for r in rows})
+        if unknown:
+            raise ReportError(f"lr_pools {name!r}: rows {unknown} are not in the report")
+        groups[name] = [runs for k, runs in clean.items() if k[0] in members]
+    groups = {m: g for m, g in groups.items() if g}
+    if not groups:
+        return []
+    md = ["How much the LR choice matters, over the units where every LR's run started from the same pre-training "
+          "(or random init) — a task, labelled count and seed run at two or more LRs:", "",
+          "| row | units | test Dice at each LR | at the LR validation chose (its picks) | validation chose the best test LR |",
+          "|---|---|---|---|---|"]
+    for m, group in groups.items():
+        by_lr, picks, best = defaultdict(list), defaultdict(int), 0
+        chosen = []
+        for runs in group:
+            for r in runs:
+                by_lr[r["lr"]].append(100.0 * r["test_dice"])
+            c = max(runs, key=lambda r: (r["val_dice"], -r["lr"]))
+            chosen.append(100.0 * c["test_dice"])
+            picks[c["lr"]] += 1
+            best += c["test_dice"] == max(r["test_dice"] for r in runs)
+        md.append(f"| {m} | {len(group)} | "
+                  + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(group) else "")
+                              for lr, v in sorted(by_lr.items())) + f" | {statistics.fmean(chosen):.1f} ("
+                  + ", ".join(f"{_fmt_lr(lr)} x{k}" for lr, k in sorted(picks.items())) + f") | {best} of {len(group)} |")
+    return md + [""]
+
+
 def one_lr_lines(rows: list[dict], left_out=()) -> list[str]:
     """Markdown lines: the cells of the LR-chosen table where a seed ran at one LR only, so that the table shows that
     run and no choice: per method, ``Myo 4`` (every seed) or ``Myo 2 (seeds 1, 2)``; rows with one LR in every cell
@@ -1094,7 +1142,7 @@ def relabel_rows(rows: list[dict], relabel: dict[str, str]) -> list[str]:
 def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", methods=None, relabel=None,
                  paper_lr: float | None = None, per_scan=None, pair_with=None, groups=None,
                  group_focus: str | None = None, panels_note: str = "", order_against=None,
-                 order_against_name: str = "", per_scan_methods=None) -> list[Path]:
+                 order_against_name: str = "", per_scan_methods=None, lr_pools=None) -> list[Path]:
     """Write ``out_dir/README.md`` and the PNGs (see the module docstring); returns the paths written.
     ``methods``: only these rows (method labels as in the tables, e.g. ``Baseline [long]``) and the pre-trainings
     they start from. ``relabel``: rows reported under another label (see :func:`relabel_rows`), applied after
@@ -1104,7 +1152,8 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
     default reference ``Baseline``), labels as after ``relabel``. ``groups``: the data set's ``datalist.json``, for the test Dice by
     patient group (with ``per_scan``); ``group_focus``: a group to detail run by run (see :func:`group_tables`).
     ``per_scan_methods``: the rows of those two sections (labels as after ``relabel``; default every row), so that
-    a report with many diagnostic rows keeps them readable.
+    a report with many diagnostic rows keeps them readable. ``lr_pools``: ``{name: [row labels]}``, lines of the
+    LR-choice summary (:func:`lr_choice_lines`) that pool several rows (labels as after ``relabel``).
     The cluster panels are drawn from the pre-training folders (``runs/NAME`` beside a CSV); without them a panel
     PNG already in ``out_dir`` (drawn by an earlier run of the report) is kept and linked. ``panels_note``: markdown
     closing the section of the variants' cluster maps (e.g. figures made by hand from other pre-trainings).
@@ -1176,6 +1225,7 @@ def write_report(csv_paths, out_dir, title: str = "Results", note: str = "", met
                *(ordering_lines(methods, columns, cells, against[protocol], against_name) if protocol in against else []),
                *paired_table(chosen, pair_with),
                *(chosen_lr_lines(chosen, seg) if protocol == "tuned" else []),
+               *(lr_choice_lines(seg, lr_pools) if protocol == "tuned" else []),
                *chosen_weight_lines(chosen, candidates(seg, protocol, paper_lr))]
         png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
         if png:

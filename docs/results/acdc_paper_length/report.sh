@@ -19,4 +19,5 @@ cd "$HERE"
   --paper_lr 1e-4 \
   --per_scan_methods '["Baseline", "IIC (Dec)", "Contrast (Enc)", "Ours (Dec) MI+CC", "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours", "Baseline [dicece]", "Contrast (Enc) + Ours (Dec) [samepre]"]' \
   --pair_with '{"Contrast (Enc) + Ours (Dec)": ["Baseline", "Contrast (Enc)", "Ours (Dec) MI+CC"], "MT + Ours": "Mean Teacher", "Mean Teacher [joint]": "Mean Teacher", "Mean Teacher [cg]": "Mean Teacher", "Mean Teacher [ct]": "Mean Teacher [cg]", "MT + Ours [onepre]": "Mean Teacher", "Contrast (Enc) + Ours (Dec) [samepre]": "MT + Ours", "Contrast (Enc) + Ours (Dec) [samepre0]": "Contrast (Enc) + Ours (Dec)", "Mean Teacher [gamma]": "Mean Teacher", "Mean Teacher [unlab]": "Mean Teacher", "Baseline [longnoflip]": "Baseline [long]", "Contrast (Enc) + Ours (Dec) [pre10k]": "Baseline [long]", "Ours (Dec) MI+CC [pre10k]": "Baseline [long]"}' \
+  --lr_pools '{"Contrast (Enc) + Ours (Dec), [samepre] and [samepre0]": ["Contrast (Enc) + Ours (Dec) [samepre]", "Contrast (Enc) + Ours (Dec) [samepre0]"]}' \
   "${GROUP_ARGS[@]}"
