@@ -1775,32 +1775,42 @@ def test_n_sh_later_call_probes_the_pre_trainings_that_end_during_it(tmp_path):
     assert len(progress) == 1 and progress[0] > runner[0] and "-- unfinished runs" in done.stdout
 
 
+def _carried_lease(tmp_path, data: str, phase: str, carried: dict, weights=()):
+    """A device machine for n.sh's restore: ``python`` a stand-in that logs ``$CUDA_VISIBLE_DEVICES|ARGS`` to the
+    returned calls file, ``data``'s prepared datalist, and the carry ``tmp_path / "carry"``: ``n_PHASE.tgz`` holding
+    ``carried`` (paths under ``n/`` -> text) and an empty ``NAME_fp16.pt`` per ``weights``. Returns (calls file, carry,
+    the environment for ``n.sh``)."""
+    import os
+    import tarfile
+
+    bin_dir, calls, carry, src = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "carry", tmp_path / "src" / "n"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "w" / data).mkdir(parents=True)
+    (tmp_path / "w" / data / "datalist.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    for rel, text in carried.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    carry.mkdir()
+    with tarfile.open(carry / f"n_{phase}.tgz", "w:gz") as tar:
+        tar.add(src, arcname="n")
+    for name in weights:
+        (carry / f"{name}_fp16.pt").write_bytes(b"")
+    return calls, carry, {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x",
+                          "CARRY": str(carry), "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out"), "N_GPUS": "4"}
+
+
 def test_n_sh_restores_a_carried_work_dir_before_its_runner(tmp_path):
     # the p12 calls brought back their results tar and pre_full's weights in float16; the next lease's first call
     # must unpack both (model.pt back in float32) before the runner starts, so that it skips the 28 finished runs
     # and fine-tunes from that pre-training; a later call of the same lease must not restore over the work dir, and
     # WEIGHTS_OUT sends the weights of the pre-trainings that have them back in float16
-    import os
     import subprocess
-    import tarfile
 
-    bin_dir, calls, carry = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "carry"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
-    (bin_dir / "python").chmod(0o755)
-    (tmp_path / "w" / "promise12").mkdir(parents=True)
-    (tmp_path / "w" / "promise12" / "datalist.json").write_text("{}")
-    (tmp_path / "out").mkdir()
-    src = tmp_path / "src" / "n" / "p12" / "runs"
-    for name in ("pre_full", "ft_random_prostate_n4_s0_lr2e-4"):
-        (src / name).mkdir(parents=True)
-        (src / name / "result.json").write_text("{}")
-    carry.mkdir()
-    with tarfile.open(carry / "n_p12.tgz", "w:gz") as tar:
-        tar.add(tmp_path / "src" / "n", arcname="n")
-    (carry / "pre_full_fp16.pt").write_bytes(b"")
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "CARRY": str(carry),
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out")}
+    calls, carry, run_env = _carried_lease(tmp_path, "promise12", "p12", {
+        f"p12/runs/{name}/result.json": "{}" for name in ("pre_full", "ft_random_prostate_n4_s0_lr2e-4")}, ["pre_full"])
     for call in (1, 2):
         if call == 2:  # the lease's last call sends the pre-training's weights back for the lease after
             run_env["WEIGHTS_OUT"] = "pre_full pre_missing"
@@ -1827,34 +1837,17 @@ def test_n_sh_restores_a_carry_into_the_work_dir_this_lease_started_without_repl
     # an ACDC lease whose first call carried .device and began a pre-training in the plan's work dir: the next call,
     # carrying .carry/PHASE, must still restore the carried runs and weights, but never over this lease's own files
     # (its newer log, its pre-training's weights), and the call after it must not restore again
-    import os
     import subprocess
-    import tarfile
 
-    bin_dir, calls, carry = tmp_path / "bin", tmp_path / "calls.txt", tmp_path / "carry"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES|$*" >> {calls}\n')
-    (bin_dir / "python").chmod(0o755)
-    (tmp_path / "w" / "acdc").mkdir(parents=True)
-    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
-    (tmp_path / "out").mkdir()
+    carried = {f"rows2/runs/{name}/result.json": '{"lease": "carried"}'
+               for name in ("pre_contrast_enc", "ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "pre_full")}
+    calls, carry, run_env = _carried_lease(tmp_path, "acdc", "rows2", {**carried, "rows2.out": "the carried log"},
+                                           ["pre_contrast_enc", "pre_full"])
     work = tmp_path / "w" / "n" / "rows2"
     (work / "runs" / "pre_full").mkdir(parents=True)  # this lease's first call: pre_full ended, its log written
     (work / "runs" / "pre_full" / "result.json").write_text('{"lease": "this"}')
     (work / "runs" / "pre_full" / "model.pt").write_text("this lease's weights")
     (tmp_path / "w" / "n" / "rows2.out").write_text("this lease's log")
-    src = tmp_path / "src" / "n"
-    for name in ("pre_contrast_enc", "ft_pre_contrast_enc_lv_n4_s0_lr1e-4", "pre_full"):
-        (src / "rows2" / "runs" / name).mkdir(parents=True)
-        (src / "rows2" / "runs" / name / "result.json").write_text('{"lease": "carried"}')
-    (src / "rows2.out").write_text("the carried log")
-    carry.mkdir()
-    with tarfile.open(carry / "n_rows2.tgz", "w:gz") as tar:
-        tar.add(src, arcname="n")
-    for name in ("pre_contrast_enc", "pre_full"):
-        (carry / f"{name}_fp16.pt").write_bytes(b"")
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BIM_GIT_COMMIT": "x", "CARRY": str(carry),
-               "N_TMP": str(tmp_path / "w"), "OUT": str(tmp_path / "out"), "N_GPUS": "4"}
     for call in (2, 3):
         done = subprocess.run(["bash", str(ROOT / "docs" / "results" / "gpu_calls" / "n.sh"), "100", "rows2"],
                               cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=120)
