@@ -386,7 +386,7 @@ def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
         for runs in group:
             for r in runs:
                 by_lr[r["lr"]].append(100.0 * r["test_dice"])
-            c = max(runs, key=lambda r: (r["val_dice"], -r["lr"]))
+            c, = select(runs, "tuned")  # one unit: one (method, task, labelled scans, seed)
             chosen.append(100.0 * c["test_dice"])
             picks[c["lr"]] += 1
             best += c["test_dice"] == max(r["test_dice"] for r in runs)
