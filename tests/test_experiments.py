@@ -311,7 +311,10 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4} and {r.meta["seed"] for r in grid[1:]} == {0, 1}
         assert all(r.name.endswith("_cw1_tsep") for r in mt) and all(r.name.endswith("_cw1_onepre") for r in onepre)
         assert {r.depends for r in onepre} == {("pre_full",)}
-        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # nothing of it has run
+        # the mtlr24a call (thirty-third session) ran Mean Teacher's six random-init runs of count 2, seed 0
+        left = ex.drop_collected(grid, _acdc_results_csvs())
+        assert {r.name for r in grid} - {r.name for r in left} == {
+            f"mt_random_{t}_n2_s0_lr{lr}_cw1_tsep" for t in ("lv", "rv", "myo") for lr in ("2e-5", "5e-4")}
     if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans (their 4-scan one ran in
         # rows2), Ours (Dec) MI+CC's at 1 / 2 / 4, seeds 0-1: all three LRs from one new pre-training each ([onepre];
         # the 1e-4 runs of Table 1 came from pre-trainings now gone)
@@ -322,13 +325,21 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             assert all(r.name.endswith("_onepre") for r in runs) and len(runs) == 18 * len(counts)
             assert {(r.meta["labelled_scans"], r.meta["seed"], r.meta["lr"]) for r in runs} == {
                 (n, s, lr) for n in counts for s in (0, 1) for lr in (2e-5, 1e-4, 5e-4)}
-        # the rows2c lease ran the three pre-trainings beside its own (results_calls_lr12a names them pre_*_lr12;
-        # .carry/lr12 restores them under the plan's names) and none of the fine-tunes, so the grid stays whole: its
-        # leases skip the restored pre-trainings by their result.json, and collect --skip_collected by their identity
-        with rr.open_csv(plan.parent.parent.parent / "acdc_paper_length" / "results_calls_lr12a.csv.gz") as f:
+        # the rows2c lease ran the three pre-trainings beside its own (results_calls_lr12a names them pre_*_lr12) and
+        # none of the fine-tunes; their weights, carried in the ignored .carry/lr12, did not survive into the next
+        # session. The lr12b lease pre-trained pre_ours_mi_cc again (renamed pre_ours_mi_cc_lr12b) and ran 48 of its 54
+        # fine-tunes: left are Myo at 4 scans, which need pre_ours_mi_cc once more, and IIC (Dec) and Contrast (Enc)
+        folder = plan.parent.parent.parent / "acdc_paper_length"
+        with rr.open_csv(folder / "results_calls_lr12a.csv.gz") as f:
             ran = {row["name"]: row["kind"] for row in csv.DictReader(f)}
         assert ran == {f"{p}_lr12": "pretrain" for p in pre}
-        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid
+        with rr.open_csv(folder / "results_calls_lr12b.csv.gz") as f:
+            ran_b = {row["name"]: row["init"] for row in csv.DictReader(f)}
+        assert len(ran_b) == 49 and set(ran_b.values()) == {"", "pre_ours_mi_cc_lr12b"}
+        left = ex.drop_collected(grid, _acdc_results_csvs())
+        assert {r.name for r in left if r.depends == ("pre_ours_mi_cc",)} == {
+            f"ft_pre_ours_mi_cc_myo_n4_s{s}_lr{lr}_onepre" for s in (0, 1) for lr in ("2e-5", "1e-4", "5e-4")}
+        assert [r.name for r in left if r.kind == "pretrain"] == pre and len(left) == 3 + 36 + 36 + 6
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
