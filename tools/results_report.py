@@ -626,7 +626,9 @@ def write_table1_status(cells_paths, out_path, command: str) -> Path:
                       table1_status(cells_paths, "paper"),
                       "## Each row at its fine-tuning LR chosen on the validation split", "",
                       "Per seed, among the LRs run for that cell (a cell run at one LR keeps it; the reports list the "
-                      "LRs tried per cell).", "", table1_status(cells_paths, "tuned")])
+                      "LRs tried per cell). LR choices run with all three LRs from one new pre-training (tagged rows such "
+                      "as `[onepre]`) are in the reports' LR-chosen tables, not here: these cells' runs started from "
+                      "other pre-trainings.", "", table1_status(cells_paths, "tuned")])
     out.parent.mkdir(parents=True, exist_ok=True)
     return _write_text(out, text)
 

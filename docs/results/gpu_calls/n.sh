@@ -254,8 +254,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
-  # as run below), p12 (p12e), lr12's three pre-trainings (the rows2c lease; .carry/lr12 restores them).
-  # Left: what u, v and z left. Prepared: lr12's fine-tunes and mtlr24 (the rest of the LR choice), abl3 (lambda_CC and
+  # as run below), p12 (p12e), lr12's Ours (Dec) MI+CC but Myo 4 and mtlr24's Mean Teacher at 2 scans seed 0 (the
+  # lr12b lease, as run below; the rows2c lease's lr12 pre-trainings were lost with .carry/lr12, which is ignored by git
+  # and so lasts one session). Left: what u, v and z left. Prepared: the rest of lr12 and mtlr24 (the LR choice), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -388,3 +389,13 @@ exit 0
 #   pre-trainings to $OUT beside LAST=1 JOBS=21 WEIGHTS_OUT=pre_full ONLY='["mt_pre_full_*_s2_*",
 #   "ft_pre_full_*_samepre0"]' n.sh 575 rows2 (481 s: the three resumed and ended, the 18 [samepre0], 4-5 a GPU, in
 #   332-441 s). rows2 is done. 1,670 s held; pre_full renamed pre_full_mtlr2 in the CSV.
+# As run (commit 4e37995, one nvidia-h100-x4 lease, 4 x H100; the lr12b calls, thirty-third session, the ACDC pack; a
+#   start of about 40 s): carrying .device, `n.sh 120 stage && { (GPUS=0,1,2,3 JOBS=24 ONLY='["pre_ours_mi_cc",
+#   "ft_pre_ours_mi_cc_*"]' n.sh 590 lr12 > /tmp/c1_lr12.log 2>&1) & (GPUS=1,2,3 JOBS=6 ONLY='["mt_random_*_n2_s0_*"]'
+#   n.sh 590 mtlr24 > /tmp/c1_mt.log 2>&1) & wait; rm -f $OUT/n_mtlr24_png.tgz; }` (566 s: the six Mean Teacher runs,
+#   two a GPU, in 474-482 s; pre_ours_mi_cc cut at its last epoch, 7.5 s an epoch); carrying nothing, with
+#   `export CALL_START=$(date +%s) PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 BIM_GIT_COMMIT=...`, JOBS=24
+#   ONLY='["pre_ours_mi_cc", "ft_pre_ours_mi_cc_*"]' n.sh 588 lr12 (568 s: the pre-training ended in 34 s, 24
+#   fine-tunes, six a GPU, in 472-490 s, 24 more started in the last minute), the same with LAST=1 and n.sh 572 (509 s:
+#   the 24 resumed and ended in 442-488 s; Myo 4's six held). 1,700 s held; pre_ours_mi_cc renamed
+#   pre_ours_mi_cc_lr12b in the CSV.
