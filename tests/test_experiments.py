@@ -2072,7 +2072,7 @@ def test_ordering_lines_count_the_pairs_of_paper_rows_in_the_papers_order():
     assert rr.ordering_lines(["Baseline"], [("lv", 1)], same) == []
 
 
-def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path, demo_dataset):
+def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle_and_tars_only_its_own_work_dir(tmp_path, demo_dataset):
     # the probe's command (its config list spans two lines of n.sh) run for real on a finished pre-training of the
     # demo data; only the plan runner is stood in for. Its JSON must come back in the call's tar.
     import os
@@ -2088,6 +2088,9 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     work.mkdir()
     (work / "acdc").symlink_to(demo_dataset, target_is_directory=True)
     pre = runs / "pre_ours_mi_cc_cc0"
+    (work / "n" / "lr12" / "runs" / "ft_x").mkdir(parents=True)  # another phase's work dir, run beside this one
+    (work / "n" / "lr12" / "runs" / "ft_x" / "result.json").write_text("{}")
+    (work / "n" / "lr12.out").write_text("done ft_x\n")
     overrides = dict(epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2, panel_every=100, save_every=100,
                      progress_bar=False, features=[8, 8, 16, 16, 32, 8], num_clusters=10, dense_level=2)
     run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=work / "acdc", output_dir=pre,
@@ -2116,7 +2119,9 @@ def test_n_sh_decdiag_probes_each_finished_pre_training_with_the_bundle(tmp_path
     probe = json.loads((runs / "pre_ours_mi_cc_cc0" / "path_dependence_validation.json").read_text())
     assert set(probe["levels"]) == set("01234")
     with tarfile.open(tmp_path / "out" / "n_decdiag.tgz") as tar:
-        assert "n/decdiag/runs/pre_ours_mi_cc_cc0/path_dependence_validation.json" in tar.getnames()
+        names = tar.getnames()
+    assert "n/decdiag/runs/pre_ours_mi_cc_cc0/path_dependence_validation.json" in names and "n/decdiag.out" in names
+    assert not [n for n in names if n.startswith("n/lr12")]  # a phase run beside it in the same call tars its own
     assert (tmp_path / "out" / "cluster_panels_decdiag.png").read_bytes()[:4] == b"\x89PNG"  # the lease's figure
 
 

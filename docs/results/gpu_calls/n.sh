@@ -322,10 +322,14 @@ for q in ${WEIGHTS_OUT:-}; do
   [ -f $W/${NAME:-}/runs/$q/model.pt ] && python tools/experiments.py weights $W/$NAME/runs/$q/model.pt $OUT/${q}_fp16.pt --dtype float16
 done
 # results only: no checkpoints, no TensorBoard, no PNGs, and nothing over 300 kB (call P2's tar went over 16 MiB,
-# most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB)
-(cd $TW && find n -size +300k) > $TW/big.txt
-tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X $TW/big.txt n
-PNGS=$(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png n/*/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
+# most likely with the .*.tmp files of checkpoint writes its timeout cut; P3 dropped everything over 300 kB). A plan
+# phase (NAME) tars its own work dir and logs only, so that two n.sh side by side in one call (the rows2c and lr12b
+# leases) do not both bring back everything; the other phases tar all of $TW/n.
+TAR_ITEMS=n; PANELS='n/*'
+[ -n "${NAME:-}" ] && [ -d $W/$NAME ] && { TAR_ITEMS=$(cd $TW && ls -d n/$NAME n/$NAME.*); PANELS=n/$NAME; }
+(cd $TW && find $TAR_ITEMS -size +300k) > $TW/big.txt
+tar czf $OUT/n_$PHASE.tgz -C $TW --exclude='*.pt' --exclude='*.tmp' --exclude=tensorboard --exclude='*.png' -X $TW/big.txt $TAR_ITEMS
+PNGS=$(cd $TW && ls n/$PNG_RUNS/runs/ft_*_rv_*/eval/*_predictions.png $PANELS/runs/pre_*/panels/clusters_latest.png 2>/dev/null)
 # (none, as in the PROMISE12 calls, whose pre-training came from .carry without its panels: no empty tar, no error)
 [ $PHASE = n1 ] || [ $PHASE = o1 ] || [ $PHASE = p1 ] || [ -z "$PNGS" ] || tar czf $OUT/n_${PHASE}_png.tgz -C $TW $PNGS
 echo "phase $PHASE ended at $(( $(date +%s) - START )) s"
