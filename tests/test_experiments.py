@@ -311,10 +311,13 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["labelled_scans"] for r in grid[1:]} == {2, 4} and {r.meta["seed"] for r in grid[1:]} == {0, 1}
         assert all(r.name.endswith("_cw1_tsep") for r in mt) and all(r.name.endswith("_cw1_onepre") for r in onepre)
         assert {r.depends for r in onepre} == {("pre_full",)}
-        # the mtlr24a call (thirty-third session) ran Mean Teacher's six random-init runs of count 2, seed 0
+        # the mtlr24a call (thirty-third session) ran Mean Teacher's six random-init runs of count 2, seed 0; the
+        # mtlr24b calls (thirty-fourth) those of count 2, seed 1, and RV's two of count 4, seed 0 (its LV / Myo four
+        # were cut a few epochs before their end and lost with the machine)
         left = ex.drop_collected(grid, _acdc_results_csvs())
         assert {r.name for r in grid} - {r.name for r in left} == {
-            f"mt_random_{t}_n2_s0_lr{lr}_cw1_tsep" for t in ("lv", "rv", "myo") for lr in ("2e-5", "5e-4")}
+            f"mt_random_{t}_n2_s{s}_lr{lr}_cw1_tsep" for t in ("lv", "rv", "myo") for s in (0, 1)
+            for lr in ("2e-5", "5e-4")} | {f"mt_random_rv_n4_s0_lr{lr}_cw1_tsep" for lr in ("2e-5", "5e-4")}
     if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans (their 4-scan one ran in
         # rows2), Ours (Dec) MI+CC's at 1 / 2 / 4, seeds 0-1: all three LRs from one new pre-training each ([onepre];
         # the 1e-4 runs of Table 1 came from pre-trainings now gone)
@@ -328,7 +331,8 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # the rows2c lease ran the three pre-trainings beside its own (results_calls_lr12a names them pre_*_lr12) and
         # none of the fine-tunes; their weights, carried in the ignored .carry/lr12, did not survive into the next
         # session. The lr12b lease pre-trained pre_ours_mi_cc again (renamed pre_ours_mi_cc_lr12b) and ran 48 of its 54
-        # fine-tunes: left are Myo at 4 scans, which need pre_ours_mi_cc once more, and IIC (Dec) and Contrast (Enc)
+        # fine-tunes: left are Myo at 4 scans, which need pre_ours_mi_cc once more, and IIC (Dec). The lr12c lease
+        # (thirty-fourth session) pre-trained pre_contrast_enc (renamed pre_contrast_enc_lr12c) and ran all its 36
         folder = plan.parent.parent.parent / "acdc_paper_length"
         with rr.open_csv(folder / "results_calls_lr12a.csv.gz") as f:
             ran = {row["name"]: row["kind"] for row in csv.DictReader(f)}
@@ -336,10 +340,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         with rr.open_csv(folder / "results_calls_lr12b.csv.gz") as f:
             ran_b = {row["name"]: row["init"] for row in csv.DictReader(f)}
         assert len(ran_b) == 49 and set(ran_b.values()) == {"", "pre_ours_mi_cc_lr12b"}
+        with rr.open_csv(folder / "results_calls_lr12c.csv.gz") as f:
+            ran_c = {row["name"]: row["init"] for row in csv.DictReader(f)}
+        assert len(ran_c) == 37 and set(ran_c.values()) == {"", "pre_contrast_enc_lr12c"}
         left = ex.drop_collected(grid, _acdc_results_csvs())
         assert {r.name for r in left if r.depends == ("pre_ours_mi_cc",)} == {
             f"ft_pre_ours_mi_cc_myo_n4_s{s}_lr{lr}_onepre" for s in (0, 1) for lr in ("2e-5", "1e-4", "5e-4")}
-        assert [r.name for r in left if r.kind == "pretrain"] == pre and len(left) == 3 + 36 + 36 + 6
+        assert not [r for r in left if r.depends == ("pre_contrast_enc",)]
+        # a pre-training goes when nothing left needs it
+        assert [r.name for r in left if r.kind == "pretrain"] == ["pre_iic_dec", "pre_ours_mi_cc"]
+        assert len(left) == 2 + 36 + 6
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

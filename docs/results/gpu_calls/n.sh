@@ -256,7 +256,8 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
   # as run below), p12 (p12e), lr12's Ours (Dec) MI+CC but Myo 4 and mtlr24's Mean Teacher at 2 scans seed 0 (the
   # lr12b lease, as run below; the rows2c lease's lr12 pre-trainings were lost with .carry/lr12, which is ignored by git
-  # and so lasts one session). Left: what u, v and z left. Prepared: the rest of lr12 and mtlr24 (the LR choice), abl3 (lambda_CC and
+  # and so lasts one session), lr12's Contrast (Enc) and mtlr24's Mean Teacher at 2 scans seed 1 and RV 4 scans seed 0
+  # (the lr12c lease, as run below). Left: what u, v and z left. Prepared: the rest of lr12 and mtlr24 (the LR choice), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -403,3 +404,11 @@ exit 0
 #   fine-tunes, six a GPU, in 472-490 s, 24 more started in the last minute), the same with LAST=1 and n.sh 572 (509 s:
 #   the 24 resumed and ended in 442-488 s; Myo 4's six held). 1,700 s held; pre_ours_mi_cc renamed
 #   pre_ours_mi_cc_lr12b in the CSV.
+# As run (commit 90553f3, one nvidia-h200-x4 lease, 4 x H200; the lr12c calls, thirty-fourth session, the ACDC pack; a
+#   start of about 40 s): the lr12b shape with ONLY='["pre_contrast_enc", "ft_pre_contrast_enc_*"]' and the Mean
+#   Teacher line narrowed to "mt_random_*_n2_s1_*" (570 s: pre_contrast_enc in 239 s, 24 fine-tunes cut after about
+#   325 s); carrying nothing, both lines side by side, the Mean Teacher one on GPUS=0,1,2,3, n.sh 585 (564 s: the 24
+#   ended, the six Mean Teacher runs too, Myo's 12 fine-tunes started late); LAST=1, n.sh 570 lr12 beside
+#   ONLY='["mt_random_*_n4_s0_*"]' n.sh 570 mtlr24 (151 s: the 12 ended; the Mean Teacher six held, expected_s 560 >
+#   545 s); that Mean Teacher line without LAST, n.sh 405 (382 s: RV's two ended in 317-320 s, four cut at epochs 48-50
+#   of 50 and lost) and n.sh 57 (33 s: nothing). 1,776 s held; pre_contrast_enc renamed pre_contrast_enc_lr12c.
