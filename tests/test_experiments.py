@@ -313,11 +313,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.depends for r in onepre} == {("pre_full",)}
         # the mtlr24a call (thirty-third session) ran Mean Teacher's six random-init runs of count 2, seed 0; the
         # mtlr24b calls (thirty-fourth) those of count 2, seed 1, and RV's two of count 4, seed 0 (its LV / Myo four
-        # were cut a few epochs before their end and lost with the machine)
+        # were cut a few epochs before their end and lost with the machine); the mtlr24c calls (thirty-fifth) the
+        # other ten of count 4. Left: MT + Ours [onepre] and the pre_full it needs
         left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert {r.name for r in grid} - {r.name for r in left} == {
-            f"mt_random_{t}_n2_s{s}_lr{lr}_cw1_tsep" for t in ("lv", "rv", "myo") for s in (0, 1)
-            for lr in ("2e-5", "5e-4")} | {f"mt_random_rv_n4_s0_lr{lr}_cw1_tsep" for lr in ("2e-5", "5e-4")}
+        assert {r.name for r in grid} - {r.name for r in left} == {r.name for r in mt}
+        assert [r.name for r in left] == ["pre_full"] + [r.name for r in onepre]
+        without_c = {r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24c" not in c])}
+        assert {r.name for r in mt if r.name in without_c} == {
+            f"mt_random_{t}_n4_s{s}_lr{lr}_cw1_tsep" for t, s in (("lv", 0), ("myo", 0), ("lv", 1), ("rv", 1), ("myo", 1))
+            for lr in ("2e-5", "5e-4")}
     if plan.name == "lr12.json":  # IIC (Dec)'s and Contrast (Enc)'s LR choice at 1 / 2 scans (their 4-scan one ran in
         # rows2), Ours (Dec) MI+CC's at 1 / 2 / 4, seeds 0-1: all three LRs from one new pre-training each ([onepre];
         # the 1e-4 runs of Table 1 came from pre-trainings now gone)
@@ -333,6 +337,7 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # session. The lr12b lease pre-trained pre_ours_mi_cc again (renamed pre_ours_mi_cc_lr12b) and ran 48 of its 54
         # fine-tunes: left are Myo at 4 scans, which need pre_ours_mi_cc once more, and IIC (Dec). The lr12c lease
         # (thirty-fourth session) pre-trained pre_contrast_enc (renamed pre_contrast_enc_lr12c) and ran all its 36
+        # fine-tunes.
         folder = plan.parent.parent.parent / "acdc_paper_length"
         with rr.open_csv(folder / "results_calls_lr12a.csv.gz") as f:
             ran = {row["name"]: row["kind"] for row in csv.DictReader(f)}
@@ -343,13 +348,18 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         with rr.open_csv(folder / "results_calls_lr12c.csv.gz") as f:
             ran_c = {row["name"]: row["init"] for row in csv.DictReader(f)}
         assert len(ran_c) == 37 and set(ran_c.values()) == {"", "pre_contrast_enc_lr12c"}
-        left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert {r.name for r in left if r.depends == ("pre_ours_mi_cc",)} == {
+        # The lr12d lease (thirty-fifth session) pre-trained pre_iic_dec and pre_ours_mi_cc once more
+        # (renamed pre_*_lr12d) and ran IIC (Dec)'s 36 fine-tunes and Ours (Dec) MI+CC's Myo 4 unit: nothing is left
+        with rr.open_csv(folder / "results_calls_lr12d.csv.gz") as f:
+            ran_d = {row["name"]: row["init"] for row in csv.DictReader(f)}
+        assert len(ran_d) == 44 and set(ran_d.values()) == {"", "pre_iic_dec_lr12d", "pre_ours_mi_cc_lr12d"}
+        assert {n for n, init in ran_d.items() if init == "pre_ours_mi_cc_lr12d"} == {
             f"ft_pre_ours_mi_cc_myo_n4_s{s}_lr{lr}_onepre" for s in (0, 1) for lr in ("2e-5", "1e-4", "5e-4")}
-        assert not [r for r in left if r.depends == ("pre_contrast_enc",)]
         # a pre-training goes when nothing left needs it
-        assert [r.name for r in left if r.kind == "pretrain"] == ["pre_iic_dec", "pre_ours_mi_cc"]
-        assert len(left) == 2 + 36 + 6
+        left = ex.drop_collected(grid, _acdc_results_csvs())
+        assert left == []
+        assert [r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "lr12d" not in c])
+                if r.kind == "pretrain"] == ["pre_iic_dec", "pre_ours_mi_cc"]
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

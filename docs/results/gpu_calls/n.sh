@@ -257,7 +257,8 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # as run below), p12 (p12e), lr12's Ours (Dec) MI+CC but Myo 4 and mtlr24's Mean Teacher at 2 scans seed 0 (the
   # lr12b lease, as run below; the rows2c lease's lr12 pre-trainings were lost with .carry/lr12, which is ignored by git
   # and so lasts one session), lr12's Contrast (Enc) and mtlr24's Mean Teacher at 2 scans seed 1 and RV 4 scans seed 0
-  # (the lr12c lease, as run below). Left: what u, v and z left. Prepared: the rest of lr12 and mtlr24 (the LR choice), abl3 (lambda_CC and
+  # (the lr12c lease, as run below), lr12's IIC (Dec) and Myo 4 and mtlr24's other Mean Teacher runs (the lr12d lease,
+  # as run below; lr12 is done). Left: what u, v and z left. Prepared: the rest of mtlr24 (MT + Ours), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -412,3 +413,11 @@ exit 0
 #   ONLY='["mt_random_*_n4_s0_*"]' n.sh 570 mtlr24 (151 s: the 12 ended; the Mean Teacher six held, expected_s 560 >
 #   545 s); that Mean Teacher line without LAST, n.sh 405 (382 s: RV's two ended in 317-320 s, four cut at epochs 48-50
 #   of 50 and lost) and n.sh 57 (33 s: nothing). 1,776 s held; pre_contrast_enc renamed pre_contrast_enc_lr12c.
+# As run (commit 772a19d, one nvidia-h200-x4 lease, 4 x H200; the lr12d calls, thirty-fifth session, the ACDC pack):
+#   carrying .device, n.sh 120 stage, then side by side GPUS=0,1,2,3 JOBS=24 ONLY='["pre_iic_dec", "ft_pre_iic_dec_*",
+#   "pre_ours_mi_cc", "ft_pre_ours_mi_cc_myo_n4_*"]' n.sh 590 lr12 and GPUS=1,2,3 JOBS=10 ONLY='["mt_random_lv_n4_s0_*",
+#   "mt_random_myo_n4_s0_*", "mt_random_*_n4_s1_*"]' n.sh 590 mtlr24 (571 s: pre_iic_dec in 354 s, pre_ours_mi_cc cut at
+#   epoch 29; six Mean Teacher runs near their end); carrying nothing, PYTHONPATH=/tmp/site, both lines with n.sh 585,
+#   the Mean Teacher one on GPUS=0,1,2,3 (566 s: 23 fine-tunes and six Mean Teacher runs ended, pre_ours_mi_cc in 429 s
+#   more, 19 fine-tunes and 4 Mean Teacher runs cut); the same with LAST=1 on the lr12 line and n.sh 565 (313 s: all
+#   ended, nothing held). 1,518 s held; pre_iic_dec and pre_ours_mi_cc renamed pre_*_lr12d. lr12 is done.
