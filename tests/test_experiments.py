@@ -247,6 +247,17 @@ def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):
     assert len(runner) == 1 and runner[0].endswith(f'--skip_collected ["{csv_path}"]')
 
 
+
+def test_n_sh_runs_the_base1e3_plan_on_all_gpus(tmp_path):
+    # the baseline at 1e-3 is a phase of its own (no pre-training): one runner over the machine's GPUs
+    bin_dir, calls = _stand_in_bin(tmp_path, 4)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    done = _run_n_sh(tmp_path, bin_dir, 100, "base1e3", GPUS="0,1,2,3", JOBS="24")
+    assert done.returncode == 0 and "phase base1e3 ended" in done.stdout
+    runner = [line for line in calls.read_text().splitlines() if " run_plan " in f" {line} "]
+    assert len(runner) == 1 and "plans/base1e3.json" in runner[0] and "--gpus 4 --jobs 24" in runner[0]
+
 def _acdc_results_csvs() -> list[str]:
     """Every committed ACDC paper-length results CSV (not the per-scan ones): what the plans' later leases skip."""
     folder = ROOT / "docs" / "results" / "acdc_paper_length"
@@ -360,6 +371,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert left == []
         assert [r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "lr12d" not in c])
                 if r.kind == "pretrain"] == ["pre_iic_dec", "pre_ours_mi_cc"]
+    if plan.name == "base1e3.json":  # the baseline above the LR grid it picks the top of: 1e-3, every cell, 3 seeds
+        assert len(grid) == 27 and set(kinds) == {"finetune"} and {r.meta["lr"] for r in grid} == {1e-3}
+        assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr1e-3") for r in grid)
+        assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
+            (t, n, s) for t in ("lv", "rv", "myo") for n in (1, 2, 4) for s in (0, 1, 2)}
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # not run yet: no committed CSV names these runs
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
@@ -873,6 +890,17 @@ def test_chosen_lr_lines_show_the_validation_choice_per_seed_and_each_lrs_test_d
     same = [dict(r, init="pre_c") for r in mixed]
     assert not any("more than one pre-training" in line for line in rr.chosen_lr_lines(rr.select(same, "tuned"), same))
 
+
+
+def test_a_fourth_lr_above_the_grid_joins_the_choice():
+    # plan base1e3 adds 1e-3 to the baseline's 2e-5 / 1e-4 / 5e-4: the choice, its lines and its summary take all four
+    rows = [_row("Baseline", "lv", 1, 0, lr, val, test) for lr, val, test in (
+        (2e-5, 0.4, 0.40), (1e-4, 0.5, 0.50), (5e-4, 0.6, 0.60), (1e-3, 0.7, 0.65))]
+    chosen = rr.select(rows, "tuned")
+    assert [r["lr"] for r in chosen] == [1e-3]
+    assert [line for line in rr.chosen_lr_lines(chosen, rows) if line.startswith("| Baseline")] == [
+        "| Baseline | LV 1 | s0: 1e-3 | 2e-5: 40.0, 1e-4: 50.0, 5e-4: 60.0, 1e-3: 65.0 |"]
+    assert "| Baseline | 1 | 2e-5: 40.0, 1e-4: 50.0, 5e-4: 60.0, 1e-3: 65.0 | 65.0 (1e-3 x1) | 1 of 1 |" in rr.lr_choice_lines(rows)
 
 def test_lr_choice_lines_pool_only_units_whose_lrs_share_their_start():
     # the fairness question for one row: over the seeds whose LRs differ in nothing else, what does each LR score, and

@@ -14,8 +14,8 @@
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   stage: the ACDC data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE.
-#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 rows rows2 decdiag decdiag2 p12: the plan plans/$PHASE.json, with
-#   FIRST and LAST (below).
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 mtlr24 lr12 rows rows2 decdiag decdiag2 p12 abl2 abl3 base1e3: the plan
+#   plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
 T=${1:?seconds}; PHASE=${2:?phase}; START=${CALL_START:-$(date +%s)}; PRESET=acdc_fast; PNG_RUNS=pre10k
@@ -250,7 +250,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3)  # a plan phase, usually 4 GPUs and 3
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3|base1e3)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
@@ -258,7 +258,8 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # lr12b lease, as run below; the rows2c lease's lr12 pre-trainings were lost with .carry/lr12, which is ignored by git
   # and so lasts one session), lr12's Contrast (Enc) and mtlr24's Mean Teacher at 2 scans seed 1 and RV 4 scans seed 0
   # (the lr12c lease, as run below), lr12's IIC (Dec) and Myo 4 and mtlr24's other Mean Teacher runs (the lr12d lease,
-  # as run below; lr12 is done). Left: what u, v and z left. Prepared: the rest of mtlr24 (MT + Ours), abl3 (lambda_CC and
+  # as run below; lr12 is done). Left: what u, v and z left. Prepared: the rest of mtlr24 (MT + Ours), base1e3 (the
+  # baseline at LR 1e-3, above the LR grid whose top it picks in 18 of 27 units; 27 runs, no pre-training), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
