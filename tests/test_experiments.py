@@ -247,7 +247,6 @@ def test_n_sh_passes_skip_collected_to_its_plan_runner(tmp_path):
     assert len(runner) == 1 and runner[0].endswith(f'--skip_collected ["{csv_path}"]')
 
 
-
 def test_n_sh_runs_the_base1e3_plan_on_all_gpus(tmp_path):
     # the baseline at 1e-3 is a phase of its own (no pre-training): one runner over the machine's GPUs
     bin_dir, calls = _stand_in_bin(tmp_path, 4)
@@ -257,6 +256,7 @@ def test_n_sh_runs_the_base1e3_plan_on_all_gpus(tmp_path):
     assert done.returncode == 0 and "phase base1e3 ended" in done.stdout
     runner = [line for line in calls.read_text().splitlines() if " run_plan " in f" {line} "]
     assert len(runner) == 1 and "plans/base1e3.json" in runner[0] and "--gpus 4 --jobs 24" in runner[0]
+
 
 def _acdc_results_csvs() -> list[str]:
     """Every committed ACDC paper-length results CSV (not the per-scan ones): what the plans' later leases skip."""
@@ -891,7 +891,6 @@ def test_chosen_lr_lines_show_the_validation_choice_per_seed_and_each_lrs_test_d
     assert not any("more than one pre-training" in line for line in rr.chosen_lr_lines(rr.select(same, "tuned"), same))
 
 
-
 def test_a_fourth_lr_above_the_grid_joins_the_choice():
     # plan base1e3 adds 1e-3 to the baseline's 2e-5 / 1e-4 / 5e-4: the choice, its lines and its summary take all four
     rows = [_row("Baseline", "lv", 1, 0, lr, val, test) for lr, val, test in (
@@ -901,6 +900,7 @@ def test_a_fourth_lr_above_the_grid_joins_the_choice():
     assert [line for line in rr.chosen_lr_lines(chosen, rows) if line.startswith("| Baseline")] == [
         "| Baseline | LV 1 | s0: 1e-3 | 2e-5: 40.0, 1e-4: 50.0, 5e-4: 60.0, 1e-3: 65.0 |"]
     assert "| Baseline | 1 | 2e-5: 40.0, 1e-4: 50.0, 5e-4: 60.0, 1e-3: 65.0 | 65.0 (1e-3 x1) | 1 of 1 |" in rr.lr_choice_lines(rows)
+
 
 def test_lr_choice_lines_pool_only_units_whose_lrs_share_their_start():
     # the fairness question for one row: over the seeds whose LRs differ in nothing else, what does each LR score, and
