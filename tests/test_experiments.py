@@ -376,6 +376,17 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr1e-3") for r in grid)
         assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
             (t, n, s) for t in ("lv", "rv", "myo") for n in (1, 2, 4) for s in (0, 1, 2)}
+        # the base1e3 lease (thirty-sixth session, 2 x H200) ran all 27: nothing is left
+        folder = plan.parent.parent.parent / "acdc_paper_length"
+        with rr.open_csv(folder / "results_calls_base1e3.csv.gz") as f:
+            ran = {row["name"]: (row["lr"], row["gpu"]) for row in csv.DictReader(f)}
+        assert set(ran) == {r.name for r in grid} and set(ran.values()) == {("0.001", "2 x NVIDIA H200")}
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == []
+    if plan.name == "base2e3.json":  # the baseline picks 1e-3, the top again, in 17 of 27 units: one step further
+        assert len(grid) == 27 and set(kinds) == {"finetune"} and {r.meta["lr"] for r in grid} == {2e-3}
+        assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr2e-3") for r in grid)
+        assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
+            (t, n, s) for t in ("lv", "rv", "myo") for n in (1, 2, 4) for s in (0, 1, 2)}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # not run yet: no committed CSV names these runs
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
@@ -1533,7 +1544,7 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     assert (tmp_path / "README.md").read_text() == committed
     assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert "![cluster panels of the decdiag calls](cluster_panels_decdiag.png)" in committed  # report_panels_note.md
-    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | <0.001 | +17.0 (-2.6 to +52.0) | +14.6 |" in committed
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | <0.001 | +14.8 (-2.6 to +46.0) | +14.6 |" in committed
 
 
 @pytest.mark.parametrize("name, line", [
