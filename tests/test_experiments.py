@@ -387,6 +387,15 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr2e-3") for r in grid)
         assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
             (t, n, s) for t in ("lv", "rv", "myo") for n in (1, 2, 4) for s in (0, 1, 2)}
+        # the base1e3 lease's last 322 s (one H200) ran the 1-scan seed-0 runs: 24 are left
+        left = ex.drop_collected(grid, _acdc_results_csvs())
+        assert {r.name for r in grid} - {r.name for r in left} == {f"ft_random_{t}_n1_s0_lr2e-3" for t in ("lv", "rv", "myo")}
+    if plan.name == "mt1e3.json":  # Mean Teacher picks 5e-4, its grid's top, in 18 of 21 units: 1e-3 in each of them
+        # (1 scan seeds 0-2, 2 / 4 scans seeds 0-1), random init, so beside its other LRs' runs as the baseline's 1e-3
+        assert len(grid) == 21 and set(kinds) == {"meanteacher"} and {r.meta["lr"] for r in grid} == {1e-3}
+        assert all(r.name.startswith("mt_random_") and r.name.endswith("_lr1e-3_cw1_tsep") for r in grid)
+        assert {(r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
+            (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (4, 0), (4, 1)}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # not run yet: no committed CSV names these runs
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
@@ -1544,7 +1553,7 @@ def test_the_committed_paper_length_report_is_what_its_script_makes_of_its_csvs(
     assert (tmp_path / "README.md").read_text() == committed
     assert (tmp_path / "table_cells.json").read_text() == (folder / "table_cells.json").read_text()
     assert "![cluster panels of the decdiag calls](cluster_panels_decdiag.png)" in committed  # report_panels_note.md
-    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | <0.001 | +14.8 (-2.6 to +46.0) | +14.6 |" in committed
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 27 | 26 | <0.001 | +14.9 (-2.6 to +46.0) | +14.6 |" in committed
 
 
 @pytest.mark.parametrize("name, line", [

@@ -14,7 +14,7 @@
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   stage: the ACDC data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE.
-#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 mtlr24 lr12 rows rows2 decdiag decdiag2 p12 abl2 abl3 base1e3 base2e3: the
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 mtlr24 lr12 rows rows2 decdiag decdiag2 p12 abl2 abl3 base1e3 base2e3 mt1e3:
 #   plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
@@ -250,7 +250,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3|base1e3|base2e3)  # a plan phase, usually 4 GPUs and 3
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3|base1e3|base2e3|mt1e3)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
@@ -258,8 +258,10 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # lr12b lease, as run below; the rows2c lease's lr12 pre-trainings were lost with .carry/lr12, which is ignored by git
   # and so lasts one session), lr12's Contrast (Enc) and mtlr24's Mean Teacher at 2 scans seed 1 and RV 4 scans seed 0
   # (the lr12c lease, as run below), lr12's IIC (Dec) and Myo 4 and mtlr24's other Mean Teacher runs (the lr12d lease,
-  # as run below; lr12 is done). Left: what u, v and z left. Prepared: the rest of mtlr24 (MT + Ours), base1e3 (the
-  # baseline at LR 1e-3, above the LR grid whose top it picks in 18 of 27 units; 27 runs, no pre-training), abl3 (lambda_CC and
+  # as run below; lr12 is done), base1e3 (the baseline at LR 1e-3, above the LR grid whose top it picked in 18 of 27
+  # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further). Left:
+  # what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT + Ours), mt1e3 (Mean Teacher at LR 1e-3,
+  # 21 runs, no pre-training: it picks its grid's top in 18 of 21 units), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -270,7 +272,7 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # in a FIRST call; each only if a minute is left).
   P=docs/results/gpu_calls/plans/$PHASE.json
   [ $PHASE = t ] && REST=${REST:-'["pre_full_*", "ft_pre_full_*_pre5k", "ft_random_*"]'}
-  case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12|mtlr24) REST=${REST:-'["mt_random_*"]'} ;; esac
+  case $PHASE in v|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|mt1e3) REST=${REST:-'["mt_random_*"]'} ;; esac
   [ $PHASE = w ] && REST=${REST:-'["mt_random_*", "ft_random_*"]'}
   [ $PHASE = rows ] || [ $PHASE = rows2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2}; REST_GPUS=${REST_GPUS:-3}; }
   [ $PHASE = decdiag ] || [ $PHASE = decdiag2 ] && { PRE=${PRE:-'["pre_*"]'}; PRE_GPUS=${PRE_GPUS:-0,1,2,3}; REST_GPUS=${REST_GPUS:-none}; }
@@ -422,3 +424,10 @@ exit 0
 #   the Mean Teacher one on GPUS=0,1,2,3 (566 s: 23 fine-tunes and six Mean Teacher runs ended, pre_ours_mi_cc in 429 s
 #   more, 19 fine-tunes and 4 Mean Teacher runs cut); the same with LAST=1 on the lr12 line and n.sh 565 (313 s: all
 #   ended, nothing held). 1,518 s held; pre_iic_dec and pre_ours_mi_cc renamed pre_*_lr12d. lr12 is done.
+# As run (commit d564b11, one nvidia-h100-x2 lease that came as 2 x H200; the base1e3 calls, thirty-sixth session, the
+#   ACDC pack; 4 x GPU kinds were not lent): carrying .device, `n.sh 120 stage && GPUS=0,1 JOBS=14 n.sh 590 base1e3`
+#   (568 s: 14 fine-tunes, seven a GPU, ended in 474-489 s; 13 started in the last minute); carrying nothing, with
+#   `export CALL_START=$(date +%s) PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 BIM_GIT_COMMIT=...`, `GPUS=0,1 JOBS=14 LAST=1
+#   n.sh 585 base1e3` (472 s: the 13 resumed and ended). base1e3 is done; 1,101 s held, given back with 699 s left.
+#   Then (commit dc33b5c, one nvidia-h200, H200; the base2e3a call) carrying .device, `GPUS=0 JOBS=3
+#   ONLY='["ft_random_*_n1_s0_*"]' n.sh 400 base2e3` (337 s: three fine-tunes on one GPU in 284-294 s); 322 s left.
