@@ -922,6 +922,15 @@ def test_a_fourth_lr_above_the_grid_joins_the_choice():
     assert "| Baseline | 1 | 2e-5: 40.0, 1e-4: 50.0, 5e-4: 60.0, 1e-3: 65.0 | 65.0 (1e-3 x1) | 1 of 1 |" in rr.lr_choice_lines(rows)
 
 
+def test_an_lr_run_in_some_units_only_is_set_against_the_lr_below_it_on_those_units():
+    # plan base2e3's probe: 2e-3 in one of the baseline's two units; its mean over that unit is not comparable with
+    # 1e-3's over both, so the line also gives 1e-3 on the unit 2e-3 ran in
+    rows = [_row("Baseline", "lv", 1, 0, 1e-3, 0.6, 0.70), _row("Baseline", "lv", 1, 0, 2e-3, 0.7, 0.65),
+            _row("Baseline", "rv", 1, 0, 1e-3, 0.5, 0.30), _row("Baseline", "rv", 1, 0, 5e-4, 0.4, 0.20)]
+    assert "| Baseline | 2 | 5e-4: 20.0 (n=1), 1e-3: 50.0, 2e-3: 65.0 (n=1; 1e-3 on those: 70.0) | 47.5 (1e-3 x1, 2e-3 x1) | 1 of 2 |" \
+        in rr.lr_choice_lines(rows)
+
+
 def test_lr_choice_lines_pool_only_units_whose_lrs_share_their_start():
     # the fairness question for one row: over the seeds whose LRs differ in nothing else, what does each LR score, and
     # what does the LR that validation picks score? A seed whose LRs started from two pre-trainings measures those too

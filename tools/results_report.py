@@ -354,7 +354,9 @@ def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
     scans, seed) run at two or more LRs, once each, every run from the same start (one pre-training, or random
     init), so that the LRs differ in nothing else. Per row: the units, the mean test Dice x 100 at each LR, at the
     LR the validation Dice chose (:func:`select`'s rule) with how often it chose each LR, and how often that was
-    the unit's best test LR. ``pools``: ``{name: [row labels]}``, extra lines pooling several rows' clean units
+    the unit's best test LR. An LR run in only some of a row's units (a probe) is also set against the LR next below
+    it on those same units, since its mean over fewer units is not comparable with the others' (``2e-3: 49.0 (n=3;
+    1e-3 on those: 53.8)``). ``pools``: ``{name: [row labels]}``, extra lines pooling several rows' clean units
     (e.g. one method's seeds run under two tags because their pre-trainings differ)."""
     from experiments import _fmt_lr  # the run names' LR format (5e-4), one place
 
@@ -380,6 +382,15 @@ def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
           "(or random init) — a task, labelled count and seed run at two or more LRs:", "",
           "| row | units | test Dice at each LR | at the LR validation chose (its picks) | validation chose the best test LR |",
           "|---|---|---|---|---|"]
+    def partial(lr, group):  # " (n=K)" for an LR run in K of the row's units, with the LR below it on those K
+        at = [{r["lr"]: 100.0 * r["test_dice"] for r in runs} for runs in group]
+        those = [u for u in at if lr in u]
+        if len(those) == len(group):
+            return ""
+        below = [x for x in set().union(*those) if x < lr and all(x in u for u in those)]
+        return f" (n={len(those)}" + (f"; {_fmt_lr(max(below))} on those: {statistics.fmean(u[max(below)] for u in those):.1f}"
+                                      if below else "") + ")"
+
     for m, group in groups.items():
         by_lr, picks, best = defaultdict(list), defaultdict(int), 0
         chosen = []
@@ -391,7 +402,7 @@ def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
             picks[c["lr"]] += 1
             best += c["test_dice"] == max(r["test_dice"] for r in runs)
         md.append(f"| {m} | {len(group)} | "
-                  + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}" + (f" (n={len(v)})" if len(v) != len(group) else "")
+                  + ", ".join(f"{_fmt_lr(lr)}: {statistics.fmean(v):.1f}{partial(lr, group)}"
                               for lr, v in sorted(by_lr.items())) + f" | {statistics.fmean(chosen):.1f} ("
                   + ", ".join(f"{_fmt_lr(lr)} x{k}" for lr, k in sorted(picks.items())) + f") | {best} of {len(group)} |")
     return md + [""]
