@@ -382,12 +382,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             ran = {row["name"]: (row["lr"], row["gpu"]) for row in csv.DictReader(f)}
         assert set(ran) == {r.name for r in grid} and set(ran.values()) == {("0.001", "2 x NVIDIA H200")}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == []
-    if plan.name == "base2e3.json":  # the baseline picks 1e-3, the top again, in 17 of 27 units: one step further
+    if plan.name == "base2e3.json":  # the baseline picked 1e-3, the top again, in 17 of 27 units: one step further
         assert len(grid) == 27 and set(kinds) == {"finetune"} and {r.meta["lr"] for r in grid} == {2e-3}
         assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr2e-3") for r in grid)
         assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
             (t, n, s) for t in ("lv", "rv", "myo") for n in (1, 2, 4) for s in (0, 1, 2)}
-        # the base1e3 lease's last 322 s (one H200) ran the 1-scan seed-0 runs: 24 are left
+        # the base2e3a call (one H200, thirty-sixth session) ran the 1-scan seed-0 runs, a probe below 1e-3: 24 are left
         left = ex.drop_collected(grid, _acdc_results_csvs())
         assert {r.name for r in grid} - {r.name for r in left} == {f"ft_random_{t}_n1_s0_lr2e-3" for t in ("lv", "rv", "myo")}
     if plan.name == "mt1e3.json":  # Mean Teacher picks 5e-4, its grid's top, in 18 of 21 units: 1e-3 in each of them

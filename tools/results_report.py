@@ -382,14 +382,15 @@ def lr_choice_lines(rows: list[dict], pools: dict | None = None) -> list[str]:
           "(or random init) — a task, labelled count and seed run at two or more LRs:", "",
           "| row | units | test Dice at each LR | at the LR validation chose (its picks) | validation chose the best test LR |",
           "|---|---|---|---|---|"]
+
     def partial(lr, group):  # " (n=K)" for an LR run in K of the row's units, with the LR below it on those K
-        at = [{r["lr"]: 100.0 * r["test_dice"] for r in runs} for runs in group]
-        those = [u for u in at if lr in u]
+        those = [{r["lr"]: 100.0 * r["test_dice"] for r in runs} for runs in group]
+        those = [u for u in those if lr in u]
         if len(those) == len(group):
             return ""
-        below = [x for x in set().union(*those) if x < lr and all(x in u for u in those)]
-        return f" (n={len(those)}" + (f"; {_fmt_lr(max(below))} on those: {statistics.fmean(u[max(below)] for u in those):.1f}"
-                                      if below else "") + ")"
+        below = max((x for x in those[0] if x < lr and all(x in u for u in those)), default=None)
+        return f" (n={len(those)}" + ("" if below is None else
+                                      f"; {_fmt_lr(below)} on those: {statistics.fmean(u[below] for u in those):.1f}") + ")"
 
     for m, group in groups.items():
         by_lr, picks, best = defaultdict(list), defaultdict(int), 0
