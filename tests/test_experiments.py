@@ -325,10 +325,18 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # the mtlr24a call (thirty-third session) ran Mean Teacher's six random-init runs of count 2, seed 0; the
         # mtlr24b calls (thirty-fourth) those of count 2, seed 1, and RV's two of count 4, seed 0 (its LV / Myo four
         # were cut a few epochs before their end and lost with the machine); the mtlr24c calls (thirty-fifth) the
-        # other ten of count 4. Left: MT + Ours [onepre] and the pre_full it needs
+        # other ten of count 4. The mtlr24d lease (thirty-seventh session, 4 x H200) pre-trained pre_full (renamed
+        # pre_full_mtlr24d) and ran MT + Ours [onepre]'s 18 runs of count 2; left: its 18 of count 4 and their pre_full
         left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert {r.name for r in grid} - {r.name for r in left} == {r.name for r in mt}
-        assert [r.name for r in left] == ["pre_full"] + [r.name for r in onepre]
+        assert [r.name for r in left] == ["pre_full"] + [r.name for r in onepre if r.meta["labelled_scans"] == 4]
+        folder = plan.parent.parent.parent / "acdc_paper_length"
+        with rr.open_csv(folder / "results_calls_mtlr24d.csv.gz") as f:
+            ran_d = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
+        assert len(ran_d) == 19 and set(ran_d.values()) == {("", "4 x NVIDIA H200"), ("pre_full_mtlr24d", "4 x NVIDIA H200")}
+        assert {n for n, (init, _) in ran_d.items() if init} == {
+            r.name for r in onepre if r.meta["labelled_scans"] == 2}
+        before_d = ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24d" not in c])
+        assert {r.name for r in grid} - {r.name for r in before_d} == {r.name for r in mt}
         without_c = {r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24c" not in c])}
         assert {r.name for r in mt if r.name in without_c} == {
             f"mt_random_{t}_n4_s{s}_lr{lr}_cw1_tsep" for t, s in (("lv", 0), ("myo", 0), ("lv", 1), ("rv", 1), ("myo", 1))
@@ -396,7 +404,13 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert all(r.name.startswith("mt_random_") and r.name.endswith("_lr1e-3_cw1_tsep") for r in grid)
         assert {(r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
             (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (4, 0), (4, 1)}
-        assert ex.drop_collected(grid, _acdc_results_csvs()) == grid  # not run yet: no committed CSV names these runs
+        # the mtlr24d lease (thirty-seventh session, 4 x H200) ran eight of them beside MT + Ours: 1 scan seeds 0-1,
+        # Myo 1 scan seed 2 and LV 2 scans seed 0 (its other four runs were cut at epoch 45 of 50 and lost)
+        left = ex.drop_collected(grid, _acdc_results_csvs())
+        assert {r.name for r in grid} - {r.name for r in left} == {
+            f"mt_random_{t}_n{n}_s{s}_lr1e-3_cw1_tsep" for t, n, s in (
+                ("lv", 1, 0), ("rv", 1, 0), ("myo", 1, 0), ("lv", 1, 1), ("rv", 1, 1), ("myo", 1, 1), ("myo", 1, 2),
+                ("lv", 2, 0))}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
