@@ -259,9 +259,10 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # and so lasts one session), lr12's Contrast (Enc) and mtlr24's Mean Teacher at 2 scans seed 1 and RV 4 scans seed 0
   # (the lr12c lease, as run below), lr12's IIC (Dec) and Myo 4 and mtlr24's other Mean Teacher runs (the lr12d lease,
   # as run below; lr12 is done), base1e3 (the baseline at LR 1e-3, above the LR grid whose top it picked in 18 of 27
-  # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further). Left:
-  # what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT + Ours), mt1e3 (Mean Teacher at LR 1e-3,
-  # 21 runs, no pre-training: it picks its grid's top in 18 of 21 units), abl3 (lambda_CC and
+  # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further), mtlr24's
+  # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below). Left: what u, v and z left,
+  # base2e3's other 24. Prepared: the rest of mtlr24 (MT + Ours at 4 scans), of mt1e3 (Mean Teacher at LR 1e-3, 13
+  # runs, no pre-training: it picks its grid's top in 18 of 21 units), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -431,3 +432,12 @@ exit 0
 #   n.sh 585 base1e3` (472 s: the 13 resumed and ended). base1e3 is done; 1,101 s held, given back with 699 s left.
 #   Then (commit dc33b5c, one nvidia-h200, H200; the base2e3a call) carrying .device, `GPUS=0 JOBS=3
 #   ONLY='["ft_random_*_n1_s0_*"]' n.sh 400 base2e3` (337 s: three fine-tunes on one GPU in 284-294 s); 322 s left.
+# As run (commit 79d39dd, one nvidia-h100-x4 lease that came as 4 x H200; the mtlr24d calls, thirty-seventh session,
+#   the ACDC pack; a start of about 45 s): carrying .device, `n.sh 120 stage && { (GPUS=0,1,2,3 JOBS=18
+#   ONLY='["pre_full", "mt_pre_full_*_n2_*"]' n.sh 590 mtlr24 > /tmp/c1_mtlr24.log 2>&1) & (GPUS=1,2,3 JOBS=6
+#   ONLY='["mt_random_*_n1_s0_*", "mt_random_*_n1_s1_*"]' n.sh 590 mt1e3 > /tmp/c1_mt1e3.log 2>&1) & wait; rm -f
+#   $OUT/n_mtlr24_png.tgz; }` (569 s: pre_full in 445 s on GPU 0, the six Mean Teacher runs two a GPU in 420-429 s, the
+#   18 MT + Ours runs started as pre_full ended); carrying nothing, PYTHONPATH=/tmp/site, the mtlr24 line with n.sh 585
+#   (564 s: the 18 at epochs 37-44 of 50); the mtlr24 line with LAST=1 and n.sh 562 beside GPUS=0,1,2,3 JOBS=6
+#   ONLY='["mt_random_*_n1_s2_*", "mt_random_*_n2_s0_*"]' n.sh 562 mt1e3 (541 s: the 18 ended in 184-362 s, two Mean
+#   Teacher runs in 405-409 s, four cut at epoch 45 of 50 and lost). 1,749 s held; pre_full renamed pre_full_mtlr24d.
