@@ -332,9 +332,8 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         folder = plan.parent.parent.parent / "acdc_paper_length"
         with rr.open_csv(folder / "results_calls_mtlr24d.csv.gz") as f:
             ran_d = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
-        assert len(ran_d) == 19 and set(ran_d.values()) == {("", "4 x NVIDIA H200"), ("pre_full_mtlr24d", "4 x NVIDIA H200")}
-        assert {n for n, (init, _) in ran_d.items() if init} == {
-            r.name for r in onepre if r.meta["labelled_scans"] == 2}
+        assert ran_d.pop("pre_full_mtlr24d") == ("", "4 x NVIDIA H200")
+        assert ran_d == {r.name: ("pre_full_mtlr24d", "4 x NVIDIA H200") for r in onepre if r.meta["labelled_scans"] == 2}
         before_d = ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24d" not in c])
         assert {r.name for r in grid} - {r.name for r in before_d} == {r.name for r in mt}
         without_c = {r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24c" not in c])}
