@@ -403,13 +403,16 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert all(r.name.startswith("mt_random_") and r.name.endswith("_lr1e-3_cw1_tsep") for r in grid)
         assert {(r.meta["labelled_scans"], r.meta["seed"]) for r in grid} == {
             (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (4, 0), (4, 1)}
-        # the mtlr24d lease (thirty-seventh session, 4 x H200) ran eight of them beside MT + Ours: 1 scan seeds 0-1,
-        # Myo 1 scan seed 2 and LV 2 scans seed 0 (its other four runs were cut at epoch 45 of 50 and lost)
+        # the mtlr24d lease (thirty-seventh session, 4 x H200) ran eight of them beside MT + Ours; the mt1e3b lease
+        # (thirty-eighth, one H200) the other seven at 1 and 2 scans: left are the six at 4 scans
         left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert {r.name for r in grid} - {r.name for r in left} == {
-            f"mt_random_{t}_n{n}_s{s}_lr1e-3_cw1_tsep" for t, n, s in (
-                ("lv", 1, 0), ("rv", 1, 0), ("myo", 1, 0), ("lv", 1, 1), ("rv", 1, 1), ("myo", 1, 1), ("myo", 1, 2),
-                ("lv", 2, 0))}
+        assert {(r.meta["labelled_scans"], r.meta["seed"]) for r in left} == {(4, 0), (4, 1)} and len(left) == 6
+        folder = plan.parent.parent.parent / "acdc_paper_length"
+        with rr.open_csv(folder / "results_calls_mt1e3b.csv.gz") as f:
+            ran = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
+        assert set(ran) == {f"mt_random_{t}_n{n}_s{s}_lr1e-3_cw1_tsep" for t, n, s in (
+            ("lv", 1, 2), ("rv", 1, 2), ("rv", 2, 0), ("myo", 2, 0), ("lv", 2, 1), ("rv", 2, 1), ("myo", 2, 1))}
+        assert set(ran.values()) == {"NVIDIA H200"}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

@@ -260,9 +260,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # (the lr12c lease, as run below), lr12's IIC (Dec) and Myo 4 and mtlr24's other Mean Teacher runs (the lr12d lease,
   # as run below; lr12 is done), base1e3 (the baseline at LR 1e-3, above the LR grid whose top it picked in 18 of 27
   # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further), mtlr24's
-  # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below). Left: what u, v and z left,
-  # base2e3's other 24. Prepared: the rest of mtlr24 (MT + Ours at 4 scans), of mt1e3 (Mean Teacher at LR 1e-3, 13
-  # runs, no pre-training: it picks its grid's top in 18 of 21 units), abl3 (lambda_CC and
+  # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below), mt1e3's other 1- and 2-scan runs
+  # (the mt1e3b lease, as run below). Left: what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT
+  # + Ours at 4 scans), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans, 6 runs, no pre-training), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -441,3 +441,9 @@ exit 0
 #   (564 s: the 18 at epochs 37-44 of 50); the mtlr24 line with LAST=1 and n.sh 562 beside GPUS=0,1,2,3 JOBS=6
 #   ONLY='["mt_random_*_n1_s2_*", "mt_random_*_n2_s0_*"]' n.sh 562 mt1e3 (541 s: the 18 ended in 184-362 s, two Mean
 #   Teacher runs in 405-409 s, four cut at epoch 45 of 50 and lost). 1,749 s held; pre_full renamed pre_full_mtlr24d.
+# As run (commit 7c77e54, one nvidia-h200; the mt1e3b calls, thirty-eighth session, the ACDC pack; a start of about
+#   33 s): carrying .device, `GPUS=0 JOBS=7 ONLY='["mt_random_lv_n1_s2_*", "mt_random_rv_n1_s2_*",
+#   "mt_random_rv_n2_s0_*", "mt_random_myo_n2_s0_*", "mt_random_*_n2_s1_*"]' n.sh 590 mt1e3` (568 s: the seven at
+#   epoch 24-25 of 50, 18.1-18.5 s an epoch); carrying nothing, PYTHONPATH=/tmp/site, the same line with LAST=1 and
+#   n.sh 585 (591 s: all at epoch 50, stopped before their final test, the runner killed 30 s after its stop signal);
+#   the same line with n.sh 555 (94 s: the seven ended in 68-72 s). 1,301 s held, given back with 492 s left.
