@@ -446,4 +446,8 @@ exit 0
 #   "mt_random_rv_n2_s0_*", "mt_random_myo_n2_s0_*", "mt_random_*_n2_s1_*"]' n.sh 590 mt1e3` (568 s: the seven at
 #   epoch 24-25 of 50, 18.1-18.5 s an epoch); carrying nothing, PYTHONPATH=/tmp/site, the same line with LAST=1 and
 #   n.sh 585 (591 s: all at epoch 50, stopped before their final test, the runner killed 30 s after its stop signal);
-#   the same line with n.sh 555 (94 s: the seven ended in 68-72 s). 1,301 s held, given back with 492 s left.
+#   the same line with n.sh 555 (94 s: the seven ended in 68-72 s). 1,301 s held, given back with 492 s left. Then
+#   (commit a9a3ebb, a fresh H200, a start of about 36 s) carrying .device, `GPUS=0 JOBS=1
+#   ONLY='["mt_random_lv_n4_s0_*"]' n.sh 440 mt1e3` (417 s: 5.7 s an epoch, epoch 50 reached, its final test cut:
+#   a lone Mean Teacher run needs about 390 s of runner), then carrying nothing `python tools/experiments.py weights
+#   RUN/model.pt $OUT/model_fp16.pt --dtype float16` (16 s; tested on CPU, not collected).
