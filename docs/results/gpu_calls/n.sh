@@ -261,8 +261,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # as run below; lr12 is done), base1e3 (the baseline at LR 1e-3, above the LR grid whose top it picked in 18 of 27
   # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further), mtlr24's
   # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below), mt1e3's other 1- and 2-scan runs
-  # (the mt1e3b lease, as run below). Left: what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT
-  # + Ours at 4 scans), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans, 6 runs, no pre-training), abl3 (lambda_CC and
+  # (the mt1e3b lease, as run below), mtlr24's MT + Ours at 4 scans seed 0 and mt1e3's 4-scan runs of seed 0 (the
+  # mtlr24e lease, as run below). Left: what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT +
+  # Ours at 4 scans seed 1), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans seed 1, 3 runs, no pre-training), abl3 (lambda_CC and
   # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
@@ -451,3 +452,11 @@ exit 0
 #   ONLY='["mt_random_lv_n4_s0_*"]' n.sh 440 mt1e3` (417 s: 5.7 s an epoch, epoch 50 reached, its final test cut:
 #   a lone Mean Teacher run needs about 390 s of runner), then carrying nothing `python tools/experiments.py weights
 #   RUN/model.pt $OUT/model_fp16.pt --dtype float16` (16 s; tested on CPU, not collected).
+# As run (commit 5b5a086, one nvidia-h200-x2, 2 x H200; the mtlr24e calls, thirty-ninth session, the ACDC pack; a
+#   start of about 31 s): carrying .device, `n.sh 120 stage && (GPUS=0,1 JOBS=9 ONLY='["pre_full",
+#   "mt_pre_full_*_n4_s0_*"]' n.sh 590 mtlr24 > /tmp/a.log 2>&1 & GPUS=1 JOBS=3 ONLY='["mt_random_*_n4_s0_*"]' n.sh
+#   590 mt1e3 > /tmp/b.log 2>&1 & wait); rm -f $OUT/n_mtlr24_png.tgz` (568 s: pre_full in 421 s on GPU 0, the three
+#   Mean Teacher runs at epoch 50 on GPU 1 before their final test, the nine MT + Ours runs started as pre_full ended,
+#   five on GPU 0 and four on GPU 1); carrying nothing, PYTHONPATH=/tmp/site, both lines with n.sh 585 (563 s: the three
+#   ended in 62-66 s, the nine at epochs 42-48 of 50); the mtlr24 line with LAST=1 and n.sh 420 (192 s: the nine ended
+#   in 91-176 s). 1,370 s held, 426 s of device time left; pre_full renamed pre_full_mtlr24e.
