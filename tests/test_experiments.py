@@ -397,6 +397,17 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             ran = {row["name"]: (row["lr"], row["gpu"]) for row in csv.DictReader(f)}
         assert set(ran) == {r.name for r in grid} and set(ran.values()) == {("0.001", "2 x NVIDIA H200")}
         assert ex.drop_collected(grid, _acdc_results_csvs()) == []
+    if plan.name == "rerun.json":  # six of base1e3's runs again, same settings and seed, in rows of their own: how far
+        # two runs of one configuration land apart (GPU runs are not bit-reproducible)
+        assert len(grid) == 6 and all(r.name.endswith("_lr1e-3_rerun") for r in grid)
+        folder = plan.parent.parent.parent / "acdc_paper_length"
+        with rr.open_csv(folder / "results_calls_base1e3.csv.gz") as f:
+            first = {row["name"]: row["command"] for row in csv.DictReader(f)}
+        with rr.open_csv(folder / "results_calls_rerun.csv.gz") as f:
+            again = {row["name"]: row["command"] for row in csv.DictReader(f)}
+        # the rerun lease (thirty-ninth session, 2 x H200) ran all six; each command is its first run's, word for word
+        assert set(again) == {r.name for r in grid} and ex.drop_collected(grid, _acdc_results_csvs()) == []
+        assert all(again[n] == first[n.removesuffix("_rerun")] for n in again)
     if plan.name == "base2e3.json":  # the baseline picked 1e-3, the top again, in 17 of 27 units: one step further
         assert len(grid) == 27 and set(kinds) == {"finetune"} and {r.meta["lr"] for r in grid} == {2e-3}
         assert {r.meta["init"] for r in grid} == {"random"} and all(r.name.endswith("_lr2e-3") for r in grid)

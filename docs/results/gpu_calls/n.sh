@@ -460,3 +460,6 @@ exit 0
 #   five on GPU 0 and four on GPU 1); carrying nothing, PYTHONPATH=/tmp/site, both lines with n.sh 585 (563 s: the three
 #   ended in 62-66 s, the nine at epochs 42-48 of 50); the mtlr24 line with LAST=1 and n.sh 420 (192 s: the nine ended
 #   in 91-176 s). 1,370 s held, 426 s of device time left; pre_full renamed pre_full_mtlr24e.
+# As run (commit cb563a7, a fresh nvidia-h200-x2, the same session's last 426 s; the rerun call, the ACDC pack; a start
+#   of about 42 s): carrying .device, `PLAN=docs/results/gpu_calls/plans/rerun.json GPUS=0,1 JOBS=6 n.sh 362 plan`
+#   (311 s: six of base1e3's baseline runs again, three a GPU, 264-273 s).
