@@ -263,8 +263,8 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below), mt1e3's other 1- and 2-scan runs
   # (the mt1e3b lease, as run below), mtlr24's MT + Ours at 4 scans seed 0 and mt1e3's 4-scan runs of seed 0 (the
   # mtlr24e lease, as run below). Left: what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT +
-  # Ours at 4 scans seed 1), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans seed 1, 3 runs, no pre-training), abl3 (lambda_CC and
-  # K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
+  # Ours at 4 scans seed 1), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans seed 1, 3 runs, no pre-training), abl3
+  # (lambda_CC and K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
   # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
