@@ -327,22 +327,23 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # were cut a few epochs before their end and lost with the machine); the mtlr24c calls (thirty-fifth) the
         # other ten of count 4. The mtlr24d lease (thirty-seventh session, 4 x H200) pre-trained pre_full (renamed
         # pre_full_mtlr24d) and ran MT + Ours [onepre]'s 18 runs of count 2; the mtlr24e lease (thirty-ninth, 2 x H200)
-        # pre-trained pre_full again (renamed pre_full_mtlr24e) and ran the nine of count 4, seed 0; left: the nine of
-        # count 4, seed 1, and a pre_full for them
-        left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert [r.name for r in left] == ["pre_full"] + [
-            r.name for r in onepre if r.meta["labelled_scans"] == 4 and r.meta["seed"] == 1]
+        # pre-trained pre_full again (renamed pre_full_mtlr24e) and ran the nine of count 4, seed 0; the mtlr24f lease
+        # (fortieth, 2 x H200) a third pre_full (pre_full_mtlr24f) and the nine of count 4, seed 1: nothing is left,
+        # not even pre_full, which no run left needs
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == []
         folder = plan.parent.parent.parent / "acdc_paper_length"
-        with rr.open_csv(folder / "results_calls_mtlr24e.csv.gz") as f:
-            ran_e = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
-        assert ran_e.pop("pre_full_mtlr24e") == ("", "2 x NVIDIA H200")
-        assert ran_e == {r.name: ("pre_full_mtlr24e", "2 x NVIDIA H200") for r in onepre
-                         if r.meta["labelled_scans"] == 4 and r.meta["seed"] == 0}
+        for lease, seed in (("mtlr24e", 0), ("mtlr24f", 1)):
+            with rr.open_csv(folder / f"results_calls_{lease}.csv.gz") as f:
+                ran_e = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
+            assert ran_e.pop(f"pre_full_{lease}") == ("", "2 x NVIDIA H200")
+            assert ran_e == {r.name: (f"pre_full_{lease}", "2 x NVIDIA H200") for r in onepre
+                             if r.meta["labelled_scans"] == 4 and r.meta["seed"] == seed}
         with rr.open_csv(folder / "results_calls_mtlr24d.csv.gz") as f:
             ran_d = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
         assert ran_d.pop("pre_full_mtlr24d") == ("", "4 x NVIDIA H200")
         assert ran_d == {r.name: ("pre_full_mtlr24d", "4 x NVIDIA H200") for r in onepre if r.meta["labelled_scans"] == 2}
-        before_d = ex.drop_collected(grid, [c for c in _acdc_results_csvs() if not ("mtlr24d" in c or "mtlr24e" in c)])
+        before_d = ex.drop_collected(grid, [c for c in _acdc_results_csvs()
+                                            if not any(f"mtlr24{x}" in c for x in "def")])
         assert {r.name for r in grid} - {r.name for r in before_d} == {r.name for r in mt}
         without_c = {r.name for r in ex.drop_collected(grid, [c for c in _acdc_results_csvs() if "mtlr24c" not in c])}
         assert {r.name for r in mt if r.name in without_c} == {
@@ -424,18 +425,18 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
             (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (4, 0), (4, 1)}
         # the mtlr24d lease (thirty-seventh session, 4 x H200) ran eight of them beside MT + Ours; the mt1e3b lease
         # (thirty-eighth, one H200) the other seven at 1 and 2 scans; the mtlr24e lease (thirty-ninth, 2 x H200) the
-        # three at 4 scans, seed 0: left are the three at 4 scans, seed 1
-        left = ex.drop_collected(grid, _acdc_results_csvs())
-        assert {(r.meta["labelled_scans"], r.meta["seed"]) for r in left} == {(4, 1)} and len(left) == 3
+        # three at 4 scans, seed 0; the mtlr24f lease (fortieth, 2 x H200) the three at 4 scans, seed 1: none is left
+        assert ex.drop_collected(grid, _acdc_results_csvs()) == []
         folder = plan.parent.parent.parent / "acdc_paper_length"
         with rr.open_csv(folder / "results_calls_mt1e3b.csv.gz") as f:
             ran = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
         assert set(ran) == {f"mt_random_{t}_n{n}_s{s}_lr1e-3_cw1_tsep" for t, n, s in (
             ("lv", 1, 2), ("rv", 1, 2), ("rv", 2, 0), ("myo", 2, 0), ("lv", 2, 1), ("rv", 2, 1), ("myo", 2, 1))}
         assert set(ran.values()) == {"NVIDIA H200"}
-        with rr.open_csv(folder / "results_calls_mt1e3c.csv.gz") as f:
-            ran_c = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
-        assert ran_c == {f"mt_random_{t}_n4_s0_lr1e-3_cw1_tsep": "2 x NVIDIA H200" for t in ("lv", "rv", "myo")}
+        for lease, seed in (("mt1e3c", 0), ("mt1e3d", 1)):
+            with rr.open_csv(folder / f"results_calls_{lease}.csv.gz") as f:
+                ran_c = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
+            assert ran_c == {f"mt_random_{t}_n4_s{seed}_lr1e-3_cw1_tsep": "2 x NVIDIA H200" for t in ("lv", "rv", "myo")}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs

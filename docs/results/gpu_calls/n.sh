@@ -463,3 +463,10 @@ exit 0
 # As run (commit cb563a7, a fresh nvidia-h200-x2, the same session's last 426 s; the rerun call, the ACDC pack; a start
 #   of about 42 s): carrying .device, `PLAN=docs/results/gpu_calls/plans/rerun.json GPUS=0,1 JOBS=6 n.sh 362 plan`
 #   (311 s: six of base1e3's baseline runs again, three a GPU, 264-273 s).
+# As run (commit 2f0c763, one nvidia-h200-x2, 2 x H200; the mtlr24f calls, fortieth session, the ACDC pack; a start
+#   of about 33 s): the mtlr24e lines with s1 for s0 (`ONLY='["pre_full", "mt_pre_full_*_n4_s1_*"]'` and
+#   `ONLY='["mt_random_*_n4_s1_*"]'`), n.sh 590 carrying .device (567 s: pre_full in 463 s on GPU 0, the three Mean
+#   Teacher runs on GPU 1 not yet at their final test, the nine MT + Ours runs started as pre_full ended); carrying
+#   nothing, PYTHONPATH=/tmp/site, both lines with n.sh 585 (563 s: the three ended in 70-98 s); the mtlr24 line with
+#   LAST=1 and n.sh 575 (261 s: the nine ended in 96-243 s). 1,445 s of device time with the machine given back at
+#   once; pre_full renamed pre_full_mtlr24f. Plans mtlr24 and mt1e3 are done.
