@@ -258,6 +258,24 @@ def test_n_sh_runs_the_base1e3_plan_on_all_gpus(tmp_path):
     assert len(runner) == 1 and "plans/base1e3.json" in runner[0] and "--gpus 4 --jobs 24" in runner[0]
 
 
+def test_n_sh_runs_the_abl3_plan_on_a_two_gpu_machine(tmp_path):
+    # abl3's 2 x H200 shape (docs/results/README.md, Next steps 3): its seven pre-trainings at once on both GPUs; a
+    # call without GPUS takes every GPU the machine has, and one naming a GPU it lacks stops before it starts anything
+    bin_dir, calls = _stand_in_bin(tmp_path, 2)
+    (tmp_path / "w" / "acdc").mkdir(parents=True)
+    (tmp_path / "w" / "acdc" / "datalist.json").write_text("{}")
+    for env, jobs in (({"GPUS": "0,1", "JOBS": "7"}, 7), ({}, 14)):
+        calls.write_text("")
+        done = _run_n_sh(tmp_path, bin_dir, 100, "abl3", **env)
+        assert done.returncode == 0 and "phase abl3 ended" in done.stdout, done.stdout + done.stderr
+        runner = [line for line in calls.read_text().splitlines() if " run_plan " in f" {line} "]
+        assert len(runner) == 1 and "plans/abl3.json" in runner[0] and f"--gpus 2 --jobs {jobs}" in runner[0]
+    calls.write_text("")
+    refused = _run_n_sh(tmp_path, bin_dir, 100, "abl3", GPUS="0,1,2,3", JOBS="20")
+    assert refused.returncode == 2 and "GPUS=0,1,2,3: this machine has 2 GPU(s)" in refused.stdout
+    assert " run_plan " not in f" {calls.read_text()} "
+
+
 def _acdc_results_csvs() -> list[str]:
     """Every committed ACDC paper-length results CSV (not the per-scan ones): what the plans' later leases skip."""
     folder = ROOT / "docs" / "results" / "acdc_paper_length"

@@ -262,10 +262,10 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # units; the base1e3 lease, as run below) and base2e3's three 1-scan seed-0 runs (a probe one step further), mtlr24's
   # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below), mt1e3's other 1- and 2-scan runs
   # (the mt1e3b lease, as run below), mtlr24's MT + Ours at 4 scans seed 0 and mt1e3's 4-scan runs of seed 0 (the
-  # mtlr24e lease, as run below). Left: what u, v and z left, base2e3's other 24. Prepared: the rest of mtlr24 (MT +
-  # Ours at 4 scans seed 1), of mt1e3 (Mean Teacher at LR 1e-3 at 4 scans seed 1, 3 runs, no pre-training), abl3
-  # (lambda_CC and K's second pre-training; JOBS=20 n.sh 560 abl3 takes all the machine's GPUs, as GPUS=0,1,2,3
-  # PLAN=plans/abl2.json n.sh 520 plan did for abl2). The calls: ../README.md, Next steps 1 and 3.
+  # mtlr24e lease, as run below), the rest of mtlr24 and mt1e3 (4 scans seed 1, the mtlr24f lease; both done). Left:
+  # what u, v and z left, base2e3's other 24. Prepared: abl3 (lambda_CC and K's second pre-training; JOBS=20 n.sh 560
+  # abl3 takes all the machine's GPUs, as GPUS=0,1,2,3 PLAN=plans/abl2.json n.sh 520 plan did for abl2; on 2 GPUs
+  # GPUS=0,1 JOBS=7, timed by the abl3probe call below). The calls: ../README.md, Next steps 3.
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -470,3 +470,7 @@ exit 0
 #   nothing, PYTHONPATH=/tmp/site, both lines with n.sh 585 (563 s: the three ended in 70-98 s); the mtlr24 line with
 #   LAST=1 and n.sh 575 (261 s: the nine ended in 96-243 s). 1,445 s of device time with the machine given back at
 #   once; pre_full renamed pre_full_mtlr24f. Plans mtlr24 and mt1e3 are done.
+# As run (commit d4e2627, a fresh nvidia-h200-x2, the session's last 355 s; the abl3probe call, the ACDC pack; a
+#   start of about 40 s): carrying .device, `GPUS=0,1 JOBS=7 n.sh 265 abl3` (242 s: the 7 pre-trainings at once, four
+#   on GPU 0 and three on GPU 1, first epoch 46-82 s, then 17.1-23.8 s and 13.9-16.1 s an epoch, epochs 5-9 of 25 when
+#   the runner stopped; lost with the machine, a timing only).
