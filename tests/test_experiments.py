@@ -352,9 +352,9 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         folder = plan.parent.parent.parent / "acdc_paper_length"
         for lease, seed in (("mtlr24e", 0), ("mtlr24f", 1)):
             with rr.open_csv(folder / f"results_calls_{lease}.csv.gz") as f:
-                ran_e = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
-            assert ran_e.pop(f"pre_full_{lease}") == ("", "2 x NVIDIA H200")
-            assert ran_e == {r.name: (f"pre_full_{lease}", "2 x NVIDIA H200") for r in onepre
+                ran_4 = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
+            assert ran_4.pop(f"pre_full_{lease}") == ("", "2 x NVIDIA H200")
+            assert ran_4 == {r.name: (f"pre_full_{lease}", "2 x NVIDIA H200") for r in onepre
                              if r.meta["labelled_scans"] == 4 and r.meta["seed"] == seed}
         with rr.open_csv(folder / "results_calls_mtlr24d.csv.gz") as f:
             ran_d = {row["name"]: (row["init"], row["gpu"]) for row in csv.DictReader(f)}
@@ -453,8 +453,8 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         assert set(ran.values()) == {"NVIDIA H200"}
         for lease, seed in (("mt1e3c", 0), ("mt1e3d", 1)):
             with rr.open_csv(folder / f"results_calls_{lease}.csv.gz") as f:
-                ran_c = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
-            assert ran_c == {f"mt_random_{t}_n4_s{seed}_lr1e-3_cw1_tsep": "2 x NVIDIA H200" for t in ("lv", "rv", "myo")}
+                ran_4 = {row["name"]: row["gpu"] for row in csv.DictReader(f)}
+            assert ran_4 == {f"mt_random_{t}_n4_s{seed}_lr1e-3_cw1_tsep": "2 x NVIDIA H200" for t in ("lv", "rv", "myo")}
     if plan.name == "y.json":  # Mean Teacher with gamma (meanteacher_seg 0.5.0), LV seed 0 first, then [unlab]
         assert len(grid) == 31 and set(kinds) == {"meanteacher"} and grid[0].name == "mt_random_lv_n1_s0_lr1e-4_cw0_gamma"
         assert all(r.name.endswith(("_gamma", "_unlab")) for r in grid)  # never the names of calls X's runs
