@@ -14,7 +14,7 @@
 #   prof, padab, bench2, bench3, bench4, bench5, bench6: benchmarks, each described at its phase below; cgsmoke: a check.
 #   plan: PLAN=docs/results/gpu_calls/plans/NAME.json n.sh SECONDS plan runs any plan file (run it again until done).
 #   stage: the ACDC data prepared and nothing else, the first call of a lease whose next calls carry .carry/PHASE.
-#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 mtlr24 lr12 rows rows2 decdiag decdiag2 p12 abl2 abl3 base1e3 base2e3 mt1e3:
+#   t u v w x y z mt2 mt3 mt4 mtlr mtlr12 mtlr24 lr12 rows rows2 decdiag decdiag2 p12 abl2 abl3 abl4 base1e3 base2e3 mt1e3:
 #   plans/$PHASE.json, with FIRST and LAST (below).
 # Each runner stops at SECONDS - 25 from CALL_START (20 s of grace for its bundles), then results are tarred to $OUT.
 export BIM_GIT_COMMIT=${BIM_GIT_COMMIT:?set BIM_GIT_COMMIT} TORCHINDUCTOR_COMPILE_THREADS=4
@@ -250,7 +250,7 @@ r)  # tenth session, see the header: the plan plans/r.json, then the cuDNN A/B i
     done
     grep -HE '"(gpu|ms_per_step|images_per_s|cudnn_deterministic|gpu_busy_share)"' $OUT/bench_det_*.json
   fi ;;
-t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3|base1e3|base2e3|mt1e3)  # a plan phase, usually 4 GPUs and 3
+t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p12|abl2|abl3|abl4|base1e3|base2e3|mt1e3)  # a plan phase, usually 4 GPUs and 3
   # calls: plans/$PHASE.json.
   # What each plan holds: README.md beside this file; the calls to give it: ../README.md, *Next steps*. Ran: mt4, p12d,
   # mtlr, decdiag2 but its RV runs, mtlr12 (its seed 2's MT + Ours through rows2), rows2 (the rows2a to rows2c calls,
