@@ -334,6 +334,12 @@ def test_the_committed_gpu_plans_build(plan, tmp_path):
         # the abl3 calls (forty-first session, 2 x H200) ran all 28: nothing is left against their CSV
         ablation = plan.parent.parent.parent / "acdc_ablation"
         assert ex.drop_collected(grid, [str(ablation / "results_calls_abl3_lambda_cc_k.csv.gz")]) == []
+    if plan.name == "abl4.json":  # a third pre-training (seed 2) of the shared default point, lambda_CC = 0 and K = 20
+        assert [r.name for r in grid if r.kind == "pretrain"] == [f"pre_full_{v}_pre5kc" for v in (
+            "alpha0.5", "lambda_cc0", "num_clusters20")] and len(grid) == 12
+        assert all(dict(zip(r.commands[0][4::2], r.commands[0][5::2]))["--seed"] == "2" for r in grid[:3])
+        ablation = plan.parent.parent.parent / "acdc_ablation"  # the abl4 call (forty-first session) ran all 12
+        assert ex.drop_collected(grid, [str(ablation / "results_calls_abl4_third.csv.gz")]) == []
     if plan.name == "mtlr24.json":  # Mean Teacher's and MT + Ours's LR choice at 2 / 4 scans, seeds 0-1: Mean Teacher
         # [tsep] at the two other LRs (its 1e-4 runs are Table 1's), MT + Ours [onepre] at all three from one pre_full
         mt = [r for r in grid if r.name.startswith("mt_random_")]
@@ -1669,10 +1675,11 @@ def test_the_committed_ablation_report_is_what_its_script_makes_of_its_csvs(tmp_
     # alpha = 0: calls R's pre-training and the abl2 calls' second one (pre-training seed 1), 3 seeds each
     assert "| LV, 1 scan, ours | 61.36 (10.49, n=6) |" in committed
     assert "| LV, 1 scan, each pre-training | 59.52 / 63.21 |" in committed
-    # lambda_CC = 4 and K = 20: calls T's pre-training and the abl3 calls' second one; the default point borrows alpha
-    # = 0.5's two pre-trainings
-    assert "| LV, 1 scan, each pre-training | 68.40 / 73.31 | 64.83 / 67.50 | 70.57 / 68.99 | 75.59 / 58.15 |" in committed
-    assert "| LV, 1 scan, ours | 68.36 (7.23, n=6) | 67.66 (9.65, n=6) | **72.93** (6.10, n=6) |" in committed
+    # lambda_CC and K: calls T's pre-training, the abl3 calls' second one and, for lambda_CC = 0, K = 20 and the default
+    # point (alpha 0.5, lambda_CC 1, K 40, which the three ablations share), the abl4 call's third (pre-training seed 2)
+    assert ("| LV, 1 scan, each pre-training | 68.40 / 73.31 / 73.42 | 64.83 / 67.50 | 70.57 / 68.99 / 67.74 | "
+            "75.59 / 58.15 |") in committed
+    assert "| LV, 1 scan, ours | 68.36 (7.23, n=6) | 67.66 (9.65, n=6) | **71.17** (6.08, n=9) | 69.10 (7.67, n=9) |" in committed
 
 
 @pytest.mark.parametrize("tool, call", [
