@@ -263,9 +263,9 @@ t|u|v|w|x|y|z|mt2|mt3|mt4|mtlr|mtlr12|mtlr24|lr12|rows|rows2|decdiag|decdiag2|p1
   # MT + Ours at 2 scans and 8 of mt1e3's 21 runs (the mtlr24d lease, as run below), mt1e3's other 1- and 2-scan runs
   # (the mt1e3b lease, as run below), mtlr24's MT + Ours at 4 scans seed 0 and mt1e3's 4-scan runs of seed 0 (the
   # mtlr24e lease, as run below), the rest of mtlr24 and mt1e3 (4 scans seed 1, the mtlr24f lease; both done). Left:
-  # what u, v and z left, base2e3's other 24. Prepared: abl3 (lambda_CC and K's second pre-training; JOBS=20 n.sh 560
-  # abl3 takes all the machine's GPUs, as GPUS=0,1,2,3 PLAN=plans/abl2.json n.sh 520 plan did for abl2; on 2 GPUs
-  # GPUS=0,1 JOBS=7, timed by the abl3probe call below). The calls: ../README.md, Next steps 3.
+  # what u, v and z left, base2e3's other 24. Also ran: abl3 (lambda_CC and K's second pre-training, all of it, the
+  # abl3 lease on 2 GPUs with GPUS=0,1 JOBS=7 then JOBS=14, as run below; on 4 GPUs JOBS=20 takes them all) and abl4
+  # (a third pre-training of the default point, lambda_CC = 0 and K = 20; one call, as run below).
   # FIRST=1 (the first call): the pre-training(s) (PRE, run-name patterns; default the full method's) alone on
   # PRE_GPUS (default GPU 0), the runs that do not need them (REST) on REST_GPUS (default the other GPUs); later calls:
   # one runner on all the machine's GPUs (GPUS; ONLY narrows it, e.g. ONLY='["ft_random_myo_*"]'). Since the fifteenth session every plan
@@ -474,3 +474,11 @@ exit 0
 #   start of about 40 s): carrying .device, `GPUS=0,1 JOBS=7 n.sh 265 abl3` (242 s: the 7 pre-trainings at once, four
 #   on GPU 0 and three on GPU 1, first epoch 46-82 s, then 17.1-23.8 s and 13.9-16.1 s an epoch, epochs 5-9 of 25 when
 #   the runner stopped; lost with the machine, a timing only).
+# As run (commit b5de931, a fresh nvidia-h200-x2, the abl3 calls, forty-first session, the ACDC pack; a start of about
+#   31 s): carrying .device, `n.sh 120 stage && GPUS=0,1 JOBS=7 n.sh 590 abl3` (568 s: GPU 1's three pre-trainings in
+#   451-464 s, GPU 0's four cut at epochs 19-24 of 25, three fine-tunes cut); carrying nothing, PYTHONPATH=/tmp/site,
+#   `GPUS=0,1 JOBS=14 n.sh 585 abl3` (411 s: the four resumed from their checkpoints, 142-215 s more, and all 21
+#   fine-tunes, 75-156 s). abl3 is done; the machine given back at once, 1,018 s held.
+# As run (commit 897bfd5, a fresh nvidia-h200-x2, the same session; the abl4 call; a start of about 35 s): carrying
+#   .device, `n.sh 120 stage && GPUS=0,1 JOBS=12 n.sh 555 abl4` (504 s: lambda_CC = 0's pre-training alone on GPU 1 in
+#   204 s, the default point's and K = 20's on GPU 0 in 339-349 s, the nine fine-tunes 87-111 s). abl4 is done.
