@@ -5,3 +5,7 @@ Installed with ``pip install -e .`` from the repository root; the bundle configs
 ``bim.<module>.<name>``. ``python -m bim.export_bundle`` writes a self-contained copy of a bundle whose
 ``scripts/bim`` holds this package.
 """
+
+from .errors import install as _install_excepthook
+
+_install_excepthook()

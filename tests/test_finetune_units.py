@@ -389,28 +389,6 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
-@pytest.mark.parametrize("bundle, key", [("pretrain_bim", "cluster_quality"), ("finetune_seg", "amp"),
-                                         ("meanteacher_seg", "unlabelled_bn_stats")])
-def test_a_boolean_key_given_as_a_lowercase_string_stops_the_run_with_the_key_named(bundle, key, tmp_path, demo_dataset):
-    """``monai.bundle run ... --amp false`` hands the string 'false' over, which ``if @amp`` takes for true: every
-    training entry point (train.json, multi_gpu_train.json) checks its boolean keys first and names the one."""
-    from bim.engine import require_flags
-    from bundle_helpers import workflow
-
-    require_flags({"a": True, "b": False})
-    with pytest.raises(ValueError, match=r"^x must be True or False, got 'maybe'$"):
-        require_flags({"x": "maybe"})
-    wf = workflow(bundle, "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path), **{key: "false"})
-    with pytest.raises(Exception) as err:
-        wf.run()
-    text = "".join(str(e) for e in (err.value, err.value.__cause__, err.value.__context__) if e)
-    assert f"{key} must be True or False, got 'false' (write --{key} False)" in text
-    assert not any(tmp_path.glob("*.pt"))  # stopped before training
-    for name in ("train.json", "multi_gpu_train.json"):
-        run = json.loads((ROOT / "bundles" / bundle / "configs" / name).read_text())["run"]
-        assert run[0] == "@check_flags", name
-
-
 def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is_cross_entropy():
     """``train#trainer#loss_function`` is what the fine-tuning step minimises (a MONAI loss works as an override);
     both training bundles default to the paper's cross-entropy."""
