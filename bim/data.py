@@ -1,7 +1,7 @@
 """Data of the BIM bundles: datalists written by ``data_prep``, loaded once into a slice store on the device.
 
 Pre-processed scans are 3D NIfTI volumes (H, W, D) with the slices on the last axis. They are read once with
-MONAI's ``LoadImaged`` through a :class:`monai.data.Dataset` and stacked into a :class:`SliceStore` of 2D
+MONAI's ``LoadImage`` (checked by :class:`LoadScand`) through a :class:`monai.data.Dataset` and stacked into a :class:`SliceStore` of 2D
 slices kept on the training device; samplers then build each batch by indexing that store, so no CPU data
 loader runs in the training loop.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.data import Dataset
-from monai.transforms import Compose, EnsureTyped, LoadImaged
+from monai.config import KeysCollection
+from monai.data import CacheDataset, Dataset
+from monai.transforms import Compose, EnsureTyped, LoadImage, MapTransform
 
 logger = logging.getLogger("bim")
 
@@ -52,17 +53,81 @@ def read_items(dataset_dir: str | Path | None, key: str) -> list[dict]:
     return data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)
 
 
+class LoadScand(MapTransform):
+    """Where data enters a bundle: reads the NIfTI file of each of ``keys`` (MONAI's ``LoadImage``, image only,
+    with its meta data) and checks it, so that a bad file stops the run with one error naming it:
+
+    - a file that cannot be read (truncated, not NIfTI): ``ValueError`` naming the file and the reader's error;
+    - a volume that is not ``ndim``-dimensional (a 4D series or a 2D slice where a 3D scan (H, W, D) is expected);
+    - for ``image_keys``: a NaN or infinite voxel, or a constant image (nothing to learn from or segment).
+
+    Label values are checked against the task by :class:`bim.tasks.MapTaskLabelsd` and
+    :func:`bim.segmentation.task_slice_store`."""
+
+    def __init__(self, keys: KeysCollection, reader: str = "NibabelReader", ndim: int = 3,
+                 image_keys: KeysCollection = ("image",), allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.loader = LoadImage(reader=reader, image_only=True)
+        self.ndim = int(ndim)
+        self.image_keys = {image_keys} if isinstance(image_keys, str) else set(image_keys)
+
+    def __call__(self, data: dict) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            path = d[key]
+            try:
+                volume = self.loader(path)
+            except Exception as e:  # noqa: BLE001 - nibabel, gzip and zlib raise many types
+                raise ValueError(
+                    f"{path}: cannot read this {key} file ({type(e).__name__}: {e}); it is truncated or not a NIfTI "
+                    f"volume: write it again (python -m data_prep ...) or remove it from the data set"
+                ) from e
+            check_volume(volume, path, key, self.ndim, key in self.image_keys)
+            d[key] = volume
+        return d
+
+
+def check_volume(volume, path, key: str = "image", ndim: int = 3, image: bool = True) -> None:
+    """A ``ValueError`` naming ``path`` when ``volume`` is not ``ndim``-dimensional or, for an ``image``, holds
+    NaN / infinite voxels or one value only (see :class:`LoadScand`)."""
+    shape = tuple(volume.shape)
+    if len(shape) != ndim:
+        expected = "a 3D scan (H, W, D)" if ndim == 3 else f"a {ndim}D volume"
+        raise ValueError(f"{path}: expected {key} to be {expected}, got shape {shape}")
+    if not image:
+        return
+    t = torch.as_tensor(volume)
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise ValueError(f"{path}: the image has {bad} NaN or infinite voxel(s) of {t.numel()}; fix or remove this scan")
+    if t.numel() and bool(t.max() == t.min()):
+        raise ValueError(f"{path}: the image is constant (every voxel {float(t.max())}): an empty or broken scan; "
+                         f"fix or remove it")
+
+
 def volume_loader(with_label: bool) -> Compose:
-    """The deterministic pre-processing that reads one pre-processed scan: image (and label) as float32 /
-    uint8 arrays of shape (H, W, D)."""
+    """The deterministic pre-processing that reads one pre-processed scan, checked (:class:`LoadScand`): image
+    (and label) as float32 / uint8 arrays of shape (H, W, D)."""
     keys = ["image", "label"] if with_label else ["image"]
     return Compose(
         [
-            LoadImaged(keys=keys, image_only=True, reader="NibabelReader"),
+            LoadScand(keys=keys),
             EnsureTyped(keys=["image"], dtype=torch.float32, track_meta=False),
             *([EnsureTyped(keys=["label"], dtype=torch.uint8, track_meta=False)] if with_label else []),
         ]
     )
+
+
+class SerialCacheDataset(CacheDataset):
+    """MONAI's ``CacheDataset`` filled in the calling thread. MONAI fills it in a thread pool (at least one thread,
+    whatever ``num_workers``); when an item fails (a bad scan), the pool's thread keeps reading while the process
+    exits, and the interpreter aborts (rc 134, "terminate called without an active exception") after the error."""
+
+    def _fill_cache(self, indices=None) -> list:
+        if self.cache_num <= 0:
+            return []
+        return [self._load_cache_item(i) for i in (range(self.cache_num) if indices is None else indices)]
 
 
 def scan_dataset(items: Sequence[dict], with_label: bool) -> Dataset:

@@ -1,6 +1,6 @@
 """A bundle's options: their checks before anything is built, and their list with defaults and meanings.
 
-Every bundle config's ``run`` list starts with ``@check_options`` (:func:`check_options`): it reads the merged
+Every bundle config's ``initialize`` list starts with ``@check_options`` (:func:`check_options`): it reads the merged
 config (the config files and the command line's ``--key value`` pairs) and stops with one ``ValueError`` that names
 each bad key, what it expects and what it got:
 
@@ -249,27 +249,30 @@ def describe(config: dict) -> str:
     return "options (--key value on the command line; booleans as True / False):\n" + "\n".join(lines)
 
 
-def _active_parser():
-    """The MONAI ``ConfigParser`` resolving the component being built (found on the call stack), or None."""
-    from monai.bundle import ConfigParser
-
+def _on_stack(cls):
+    """The nearest ``self`` of type ``cls`` on the call stack (the MONAI object resolving this component), or None."""
     frame = inspect.currentframe()
     while frame is not None:
         candidate = frame.f_locals.get("self")
-        if isinstance(candidate, ConfigParser):
+        if isinstance(candidate, cls):
             return candidate
         frame = frame.f_back
     return None
 
 
-def check_options(bundle_root: str) -> bool:
-    """The first step of a bundle's ``run``: check the merged config of the parser that runs it against the
-    configs of ``bundle_root`` (see the module's docstring). ``help`` prints the options and exits 0."""
-    parser = _active_parser()
-    if parser is None:
+def check_options() -> bool:
+    """The first step of a bundle's ``initialize``: check the merged config of the MONAI ``ConfigWorkflow`` that runs
+    it against the bundle's configs (see the module's docstring). ``help`` prints the options and exits 0."""
+    from monai.bundle import ConfigWorkflow
+
+    workflow = _on_stack(ConfigWorkflow)
+    if workflow is None:  # built outside a workflow (e.g. MONAI Label's own parser): nothing to compare with
         return True
-    config = parser.get()
-    defaults = known_defaults(Path(bundle_root) / "configs")
+    configs = Path(workflow.config_root_path)
+    if not (configs / "metadata.json").is_file() and (configs.parent / "metadata.json").is_file():
+        configs = configs.parent  # the first config file was a variant
+    config = workflow.parser.get()
+    defaults = known_defaults(configs)
     if "help" in config and "help" not in defaults:
         print(describe(config))
         raise SystemExit(0)

@@ -122,7 +122,8 @@ def labelled_key(split_seed: int, labelled_scans: int) -> str:
 
 class MapTaskLabelsd(MapTransform):
     """Dictionary transform: replace the label values of ``keys`` by the class indices of ``task``
-    (see :meth:`SegmentationTask.map_labels`); the error names the scan (``source_key`` of the item)."""
+    (see :meth:`SegmentationTask.map_labels`); the error names the label's file (its meta data's
+    ``filename_or_obj``), else the scan (``source_key`` of the item)."""
 
     def __init__(self, keys: KeysCollection, task: str | SegmentationTask, source_key: str = "scan",
                  allow_missing_keys: bool = False) -> None:
@@ -133,9 +134,9 @@ class MapTaskLabelsd(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
         for key in self.key_iterator(d):
-            source = d.get(self.source_key)
-            if source is None and hasattr(d[key], "meta"):
-                source = d[key].meta.get("filename_or_obj")
+            source = d[key].meta.get("filename_or_obj") if hasattr(d[key], "meta") else None
+            if source is None:
+                source = d.get(self.source_key)
             d[key] = self.task.map_labels(d[key], source=str(source) if source is not None else None)
         return d
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bundle_helpers import BUNDLES, workflow
@@ -97,3 +98,83 @@ def test_the_last_line_printed_for_a_wrapped_error_is_the_projects_message(capsy
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "error: epochs must be >= 1 (default 50), got 0"
     assert sys.excepthook is excepthook  # installed by importing bim
+
+
+# ------------------------------------------------------------------------------------------ data where it enters
+
+TINY = dict(features=[8, 16, 32, 64, 128, 8], crop_size=64, batch_size=2, progress_bar=False, epochs=1,
+            iters_per_epoch=2, log_every=1, save_every=1)
+
+
+@pytest.fixture
+def dataset_copy(demo_dataset, tmp_path) -> Path:
+    """A copy of the demo data set's prepared scans and datalist, to break one file of."""
+    import shutil
+
+    dst = tmp_path / "data"
+    for name in ("images", "labels"):
+        shutil.copytree(demo_dataset / name, dst / name)
+    shutil.copy(demo_dataset / "datalist.json", dst / "datalist.json")
+    return dst
+
+
+def scan_file(dataset: Path, key: str, split: str, kind: str = "image") -> Path:
+    return dataset / json.loads((dataset / "datalist.json").read_text())[key if split is None else split][0][kind]
+
+
+def rewrite(path: Path, change) -> None:
+    import nibabel as nib
+    import numpy as np
+
+    img = nib.load(str(path))
+    data = change(np.asarray(img.dataobj).copy())
+    nib.save(nib.Nifti1Image(data, img.affine, img.header), str(path))
+
+
+@pytest.mark.parametrize("split, change, message", [
+    ("labelled_seed0_1", lambda a: a.astype("float32") * float("nan"), "the image has {n} NaN or infinite voxel(s) of {n}"),
+    ("validation", lambda a: a * 0 + 3, "the image is constant (every voxel 3.0)"),
+])
+def test_a_nan_or_constant_image_stops_training_naming_the_file(dataset_copy, tmp_path, split, change, message):
+    path = scan_file(dataset_copy, None, split)
+    rewrite(path, change)
+    n = int(np.prod(nib_shape(path)))
+    wf = workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY)
+    line = last_line_of(wf.run)
+    assert line.startswith(f"error: {path}: {message.format(n=n)}")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.pt"))
+
+
+def nib_shape(path: Path) -> tuple:
+    import nibabel as nib
+
+    return nib.load(str(path)).shape
+
+
+def test_a_truncated_prepared_label_stops_training_naming_the_file(dataset_copy, tmp_path):
+    path = scan_file(dataset_copy, None, "labelled_seed0_1", "label")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    wf = workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY)
+    line = last_line_of(wf.run)
+    assert line.startswith(f"error: {path}: cannot read this label file (EOFError")
+    assert "it is truncated or not a NIfTI volume" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_label_value_outside_the_task_in_a_validation_scan_stops_with_rc_1_naming_the_file(dataset_copy, tmp_path):
+    """It aborted the interpreter (rc 134) from MONAI's cache thread; now rc 1 and the file in the last line."""
+    import subprocess
+
+    from bundle_helpers import bundle_run_command
+
+    path = scan_file(dataset_copy, None, "validation", "label")
+    rewrite(path, lambda a: np.where(np.arange(a.size).reshape(a.shape) == 0, 7, a).astype(a.dtype))
+    proc = subprocess.run(bundle_run_command("finetune_seg", "train.json", dataset_dir=dataset_copy,
+                                             output_dir=tmp_path / "out", **dict(TINY, features="[8,16,32,64,128,8]")),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: {path}: label values [7] cannot be mapped by task 'lv' (accepted values: [0, 1, 2, 3]; binary ACDC "
+        f"left-ventricle cavity from label 3). Was the data set prepared for another task?")
+    assert not (tmp_path / "out").exists()
