@@ -126,6 +126,47 @@ class CheckpointEveryN:
         atomic_save(state, self.save_dir / name)
 
 
+class NonFiniteLossError(FloatingPointError):
+    """Training stopped on a NaN or infinite loss (see :class:`StopOnNonFiniteLoss`)."""
+
+
+class StopOnNonFiniteLoss:
+    """Stops training with a :class:`NonFiniteLossError` when the loss (``engine.state.output["loss"]``) is NaN or
+    infinite, naming the first such iteration and what to check. The test stays on the device (no synchronisation
+    per step): the first bad iteration is recorded there and read every ``gcd(every, save_every)`` iterations and
+    at the end. Attached before :class:`CheckpointEveryN` (of interval ``save_every``), it stops the run before a
+    checkpoint of a run gone non-finite is written."""
+
+    def __init__(self, every: int = 20, save_every: int | None = None) -> None:
+        if int(every) < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.every = math.gcd(int(every), int(save_every)) if save_every else int(every)
+        self.first = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.record)
+        engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.every), self.check)
+        engine.add_event_handler(Events.COMPLETED, self.check)
+
+    def record(self, engine: Engine) -> None:
+        loss = engine.state.output["loss"] if isinstance(engine.state.output, dict) else engine.state.output
+        loss = torch.as_tensor(loss).detach()
+        if self.first is None:
+            self.first = torch.full((), -1, dtype=torch.long, device=loss.device)
+        bad = ~torch.isfinite(loss).all() & (self.first < 0)
+        self.first = torch.where(bad, torch.full_like(self.first, engine.state.iteration), self.first)
+
+    def check(self, engine: Engine) -> None:
+        first = -1 if self.first is None else int(self.first)
+        if first >= 0:
+            raise NonFiniteLossError(
+                f"the training loss is NaN or infinite from iteration {first} on (checked at iteration "
+                f"{engine.state.iteration}); training stopped. Check the learning_rate (too high?), the data "
+                f"(NaN or extreme intensities in a scan) and any loss_function override; checkpoints written before "
+                f"iteration {first} are kept"
+            )
+
+
 class ResumeFromCheckpoint:
     """Resumes a run from ``path`` (a ``checkpoint_*.pt`` written by :class:`CheckpointEveryN`; ``"auto"``
     picks ``save_dir/checkpoint_last.pt`` when it exists; ``None`` does nothing). Loads with

@@ -178,3 +178,33 @@ def test_a_label_value_outside_the_task_in_a_validation_scan_stops_with_rc_1_nam
         f"error: {path}: label values [7] cannot be mapped by task 'lv' (accepted values: [0, 1, 2, 3]; binary ACDC "
         f"left-ventricle cavity from label 3). Was the data set prepared for another task?")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_non_finite_loss_handler_names_the_first_bad_iteration_read_at_its_interval():
+    """The loss is recorded on the device each iteration and read every gcd(every, save_every) iterations."""
+    import torch
+    from ignite.engine import Engine
+
+    from bim.engine import NonFiniteLossError, StopOnNonFiniteLoss
+
+    losses = [1.0, 2.0, float("inf"), float("nan"), 1.0, 1.0, 1.0, 1.0]
+    seen = []
+    engine = Engine(lambda e, b: seen.append(e.state.iteration) or {"loss": torch.tensor(losses[e.state.iteration - 1])})
+    StopOnNonFiniteLoss(every=20, save_every=4).attach(engine)
+    with pytest.raises(NonFiniteLossError, match=r"^the training loss is NaN or infinite from iteration 3 on \(checked "
+                                                 r"at iteration 4\); training stopped\. Check the learning_rate"):
+        engine.run(range(8), max_epochs=1)
+    assert seen == [1, 2, 3, 4]
+    finite = Engine(lambda e, b: {"loss": torch.tensor(1.0)})
+    StopOnNonFiniteLoss(every=3).attach(finite)
+    finite.run(range(5), max_epochs=1)  # checked at 3 and at the end: nothing to say
+
+
+def test_a_nan_loss_stops_training_before_any_checkpoint(demo_dataset, tmp_path):
+    out = tmp_path / "out"
+    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out),
+                  **dict(TINY, iters_per_epoch=4, log_every=2, save_every=2),
+                  **{"train#trainer#loss_function": "$lambda logits, label: logits.mean() * float('nan')"})
+    line = last_line_of(wf.run)
+    assert line.startswith("error: the training loss is NaN or infinite from iteration 1 on (checked at iteration 2)")
+    assert not list(out.glob("*.pt"))
