@@ -312,11 +312,36 @@ class PredictionPanelWriter:
         return path
 
 
-def require_checkpoint(path: str | os.PathLike, hint: str = "run the bundle's train.json first") -> str:
-    """``path`` if it is a file, else a ``FileNotFoundError`` naming it and ``hint``."""
+def require_checkpoint(path: str | os.PathLike, hint: str = "run the bundle's train.json first",
+                       finished: str | os.PathLike | None = None, allow_unfinished: bool = False) -> str:
+    """``path`` if it is a file, else a ``FileNotFoundError`` naming it and ``hint``.
+
+    ``finished``: the file a finished training leaves (``checkpoint_final.pt``). When it is absent, ``path`` is the
+    best model of a run that was stopped (or still runs): a ``ValueError`` saying so, unless ``allow_unfinished``,
+    which evaluates it with a warning."""
     if not Path(path).expanduser().is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: {hint}")
+    if finished is not None and not Path(finished).expanduser().is_file():
+        what = (f"{path} comes from a training that did not finish: {finished} does not exist (the run was stopped "
+                f"or is still running)")
+        if not allow_unfinished:
+            raise ValueError(f"{what}. Finish it (run train.json again with the same output_dir: it resumes), or pass "
+                             f"--allow_unfinished True to evaluate these weights anyway")
+        logger.warning(f"{what}; evaluating it as --allow_unfinished True asks")
+    logger.info(f"evaluating the weights of {path}")
     return str(Path(path).expanduser())
+
+
+class SingleScoreLog:
+    """Attached to an evaluator that scores once (evaluate.json): drops MONAI's "Got new best metric of ..." line
+    from the evaluator's log, which an evaluation is not; :class:`ScanDiceWriter` reports the score."""
+
+    @staticmethod
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Got new best metric")
+
+    def attach(self, engine: Engine) -> None:
+        engine.logger.addFilter(self.keep)
 
 
 def nifti_items(path: str | os.PathLike | None) -> list[dict]:

@@ -208,3 +208,36 @@ def test_a_nan_loss_stops_training_before_any_checkpoint(demo_dataset, tmp_path)
     line = last_line_of(wf.run)
     assert line.startswith("error: the training loss is NaN or infinite from iteration 1 on (checked at iteration 2)")
     assert not list(out.glob("*.pt"))
+
+
+# ------------------------------------------------------------------------------------------------- evaluate.json
+
+
+def random_model(out: Path, features=TINY["features"]) -> Path:
+    """A model.pt as a stopped training leaves it: the best weights, no checkpoint_final.pt."""
+    import torch
+
+    from bim.network import build_unet
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(build_unet(out_channels=2, features=features).state_dict(), out / "model.pt")
+    return out / "model.pt"
+
+
+def test_evaluate_refuses_the_model_of_an_unfinished_run_unless_allowed(demo_dataset, tmp_path, capfd):
+    out = tmp_path / "run"
+    model = random_model(out)
+    common = dict(dataset_dir=str(demo_dataset), output_dir=str(out), features=TINY["features"])
+    wf = workflow("finetune_seg", ["train.json", "evaluate.json"], **common)
+    line = last_line_of(wf.run)
+    assert line == (f"error: {model} comes from a training that did not finish: {out / 'checkpoint_final.pt'} does not "
+                    f"exist (the run was stopped or is still running). Finish it (run train.json again with the same "
+                    f"output_dir: it resumes), or pass --allow_unfinished True to evaluate these weights anyway")
+    assert not (out / "eval").exists()
+    capfd.readouterr()
+    workflow("finetune_seg", ["train.json", "evaluate.json"], allow_unfinished=True, **common).run()
+    assert (out / "eval" / "lv_n1_seed0_summary.json").is_file()
+    log = "".join(capfd.readouterr())
+    assert "comes from a training that did not finish" in log and f"evaluating the weights of {model}" in log
+    assert "Got new best metric" not in log and "random initialisation" not in log
+    assert "test Dice" in log
