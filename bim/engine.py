@@ -100,6 +100,19 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     return path
 
 
+def load_weights(path: str | os.PathLike, what: str, hint: str, map_location="cpu"):
+    """``torch.load(path, weights_only=True)``; a file it cannot read is a ``ValueError`` naming ``path``, saying it
+    is not a valid ``what`` and what to do (``hint``). torch's own advice to retry with ``weights_only=False``
+    (which would execute the file's code) is not passed on."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors come in many types
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+        reason = f": {reason}" if reason and "weights_only" not in str(e) else ""
+        raise ValueError(f"{path} is not a valid {what} ({type(e).__name__}{reason}): it is truncated, corrupt or "
+                         f"not a PyTorch weights file; {hint}") from None
+
+
 def _is_main_process() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
@@ -193,6 +206,8 @@ class ResumeFromCheckpoint:
             return
         from monai.handlers import CheckpointLoader
 
+        load_weights(path, "checkpoint", "delete it to start afresh, or choose another output_dir (or --resume_from "
+                     "None)", self.map_location)
         logger.info(f"resuming from {path}")
         load_dict = {"trainer": engine, **self.load_dict}
         CheckpointLoader(str(path), load_dict, map_location=self.map_location).attach(engine)

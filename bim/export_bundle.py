@@ -61,10 +61,9 @@ def _copy_configs(src: Path, dst: Path) -> None:
 def _check_weights(weights: Path) -> None:
     import torch
 
-    try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001  (torch raises several types for a file that is no checkpoint)
-        raise ValueError(f"--weights {weights}: not a valid weights file ({type(e).__name__})") from None
+    from .engine import load_weights
+
+    state = load_weights(weights, "weights file (--weights)", "pass the model.pt a bundle's training writes")
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"--weights {weights}: expected a state dict (the model.pt a bundle's training writes)")
 

@@ -344,9 +344,21 @@ class SingleScoreLog:
         engine.logger.addFilter(self.keep)
 
 
+# name endings of label files beside their images, as data_prep reads them (ACDC, its nifti default, PROMISE12)
+LABEL_SUFFIXES = ("_gt", "_seg", "_segmentation")
+
+
+def is_label_file(path: str | os.PathLike) -> bool:
+    """Whether a NIfTI file's name ends like a label's (``NAME_gt.nii.gz``, ``NAME_seg.nii``, ...)."""
+    name = Path(path).name
+    stem = name[: -len(".nii.gz")] if name.endswith(".nii.gz") else Path(name).stem
+    return stem.endswith(LABEL_SUFFIXES)
+
+
 def nifti_items(path: str | os.PathLike | None) -> list[dict]:
-    """``[{"image": file}, ...]`` for a NIfTI file or every ``*.nii`` / ``*.nii.gz`` in a folder (sorted);
-    a clear error when ``path`` is unset, missing or holds no NIfTI file."""
+    """``[{"image": file}, ...]`` for a NIfTI file or every ``*.nii`` / ``*.nii.gz`` in a folder (sorted), leaving
+    out the folder's label files (:func:`is_label_file`: a patient folder holds them beside the images); a clear
+    error when ``path`` is unset, missing or holds no NIfTI image."""
     if path in (None, "", "None", "null"):
         raise ValueError("set --dataset_dir to a NIfTI file or a folder of NIfTI volumes (*.nii, *.nii.gz)")
     p = Path(path).expanduser()
@@ -354,11 +366,38 @@ def nifti_items(path: str | os.PathLike | None) -> list[dict]:
         files = [p]
     elif p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith((".nii", ".nii.gz")))
+        labels = [f for f in files if is_label_file(f)]
+        if labels:
+            files = [f for f in files if f not in labels]
+            logger.info(f"{len(labels)} label file(s) in {p} left out ({', '.join(f.name for f in labels[:4])}"
+                        f"{' ...' if len(labels) > 4 else ''}: names ending in {', '.join(LABEL_SUFFIXES)})")
     else:
         raise FileNotFoundError(f"dataset_dir {p} does not exist")
     if not files:
-        raise FileNotFoundError(f"{p} holds no NIfTI volume (*.nii, *.nii.gz)")
+        raise FileNotFoundError(f"{p} holds no NIfTI image (*.nii, *.nii.gz, other than label files)")
+    logger.info(f"segmenting {len(files)} scan(s) of {p}")
     return [{"image": f.resolve().as_posix()} for f in files]
+
+
+class PredictionLog:
+    """Attached to inference.json's evaluator: at the end, logs how many segmentations were written and where
+    (``output_dir``, each as ``<name>_<postfix>.nii.gz``)."""
+
+    def __init__(self, output_dir: str, postfix: str = "seg") -> None:
+        self.output_dir, self.postfix, self.count = Path(output_dir), postfix, 0
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, lambda e: setattr(self, "count", 0))
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.collect)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.report)
+
+    def collect(self, engine: Engine) -> None:
+        output = engine.state.output
+        self.count += len(output) if isinstance(output, list) else 1
+
+    def report(self, engine: Engine) -> None:
+        logger.info(f"{self.count} segmentation(s) written to {self.output_dir.resolve()} "
+                    f"(<name>_{self.postfix}.nii.gz)")
 
 
 def inplane_resampling(keys, task: str, pixdim: float = 1.0, prostate_size: int = 256):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import SliceStore, read_items
-from .engine import bf16_autocast
+from .engine import bf16_autocast, load_weights
 from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
 from .tasks import SegmentationTask, get_task, labelled_key
 
@@ -41,10 +41,8 @@ def read_state_dict(path: str | os.PathLike, map_location="cpu") -> dict[str, to
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"pretrained checkpoint {path} does not exist")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - pickle/zip errors come in many types
-        raise ValueError(f"cannot read pretrained checkpoint {path} with torch.load(weights_only=True): {e}") from e
+    obj = load_weights(path, "weights file (--pretrained)", "pass a pretrain_bim model.pt or a bundle checkpoint",
+                       map_location)
     if isinstance(obj, Mapping):
         for key in ("network", "state_dict", "model"):
             if key in obj and isinstance(obj[key], Mapping):

@@ -241,3 +241,71 @@ def test_evaluate_refuses_the_model_of_an_unfinished_run_unless_allowed(demo_dat
     assert "comes from a training that did not finish" in log and f"evaluating the weights of {model}" in log
     assert "Got new best metric" not in log and "random initialisation" not in log
     assert "test Dice" in log
+
+
+# ------------------------------------------------------------------------------------------------ inference.json
+
+
+def test_inference_on_a_patient_folder_segments_the_images_not_the_label_files(demo_dataset, tmp_path, capfd):
+    import shutil
+
+    patient = tmp_path / "patient001"
+    shutil.copytree(demo_dataset / "raw" / "training" / "patient001", patient)
+    out = tmp_path / "pred"
+    model = random_model(tmp_path / "run")
+    capfd.readouterr()
+    workflow("finetune_seg", "inference.json", dataset_dir=str(patient), output_dir=str(out), ckpt_path=str(model),
+             features=TINY["features"]).run()
+    assert sorted(p.name for p in out.iterdir()) == ["patient001_frame01_seg.nii.gz", "patient001_frame11_seg.nii.gz"]
+    log = "".join(capfd.readouterr())
+    assert (f"2 label file(s) in {patient} left out (patient001_frame01_gt.nii.gz, patient001_frame11_gt.nii.gz: "
+            f"names ending in _gt, _seg, _segmentation)") in log
+    assert f"2 segmentation(s) written to {out} (<name>_seg.nii.gz)" in log
+
+
+@pytest.mark.parametrize("shape", [(32, 32, 4, 3), (32, 32)])
+def test_inference_on_a_4d_or_2d_scan_stops_naming_the_file(tmp_path, shape):
+    import nibabel as nib
+
+    scan = tmp_path / "scans" / "series.nii.gz"
+    scan.parent.mkdir()
+    nib.save(nib.Nifti1Image(np.random.default_rng(0).random(shape, dtype=np.float32), np.eye(4)), str(scan))
+    model = random_model(tmp_path / "run")
+    wf = workflow("finetune_seg", "inference.json", dataset_dir=str(scan.parent), output_dir=str(tmp_path / "pred"),
+                  ckpt_path=str(model), features=TINY["features"])
+    assert last_line_of(wf.run) == f"error: {scan}: expected image to be a 3D scan (H, W, D), got shape {shape}"
+    assert not (tmp_path / "pred").exists()
+
+
+# ------------------------------------------------------------------------------------------- checkpoints, weights
+
+
+def test_a_truncated_checkpoint_last_stops_the_resume_naming_the_file_and_the_way_out(demo_dataset, tmp_path):
+    import torch
+
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = out / "checkpoint_last.pt"
+    torch.save({"network": {"w": torch.zeros(1000)}}, ckpt)
+    ckpt.write_bytes(ckpt.read_bytes()[:300])
+    truncated = ckpt.read_bytes()
+    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), **TINY)
+    line = last_line_of(wf.run)
+    assert line.startswith(f"error: {ckpt} is not a valid checkpoint (")
+    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file; delete it to start afresh, or choose "
+                         "another output_dir (or --resume_from None)")
+    assert [p.name for p in out.glob("*.pt")] == ["checkpoint_last.pt"] and ckpt.read_bytes() == truncated
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint at all", b"PK\x03\x04 truncated zip"])
+def test_a_corrupt_pretrained_file_is_named_as_not_a_valid_weights_file(demo_dataset, tmp_path, content):
+    bad = tmp_path / "model.pt"
+    bad.write_bytes(content)
+    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path / "out"),
+                  pretrained=str(bad), **TINY)
+    line = last_line_of(wf.run)
+    assert line.startswith(f"error: {bad} is not a valid weights file (--pretrained) (")
+    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file; pass a pretrain_bim model.pt or a "
+                         "bundle checkpoint")
+    assert "weights_only" not in line
+    assert not (tmp_path / "out").exists()

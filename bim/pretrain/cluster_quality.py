@@ -31,6 +31,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import read_items, resolve_dataset_dir, volume_loader
+from ..engine import load_weights
 from ..inference import SliceBatchInferer, atomic_write_text
 
 logger = logging.getLogger("bim")
@@ -240,7 +241,8 @@ def load_pretrain_checkpoint(network: torch.nn.Module, checkpoint: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: pass the checkpoint_final.pt (or "
                                 f"checkpoint_last.pt) of a pretrain_bim run as --checkpoint")
-    state = torch.load(path, map_location=next(network.parameters()).device, weights_only=True)
+    state = load_weights(path, "checkpoint", "pass the checkpoint_final.pt (or checkpoint_last.pt) of a pretrain_bim run",
+                         next(network.parameters()).device)
     if "network" not in state:
         raise KeyError(f"{path} has no 'network' entry (keys {sorted(state)}): expected a pretrain_bim "
                        f"checkpoint_*.pt, not model.pt (which holds the backbone without the cluster head)")
