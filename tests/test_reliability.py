@@ -85,18 +85,19 @@ def test_help_lists_the_options_with_defaults_and_meanings_and_runs_nothing(tmp_
 
 def test_the_last_line_printed_for_a_wrapped_error_is_the_projects_message(capsys):
     """MONAI wraps a component's error in RuntimeError('Failed to instantiate ...'); the hook ends with ours."""
+    from bim.engine import WarmupCosine
     from bim.errors import excepthook
-    from bim.options import check_value
 
     try:
         try:
-            raise ValueError(check_value("epochs", 0, 50))
+            WarmupCosine(total_iterations=0, warmup_iterations=0)
         except ValueError as e:
             raise RuntimeError("Failed to instantiate component 'x'\n set '_mode_=debug'") from e
     except RuntimeError as e:
         excepthook(type(e), e, e.__traceback__)
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == "error: epochs must be >= 1 (default 50), got 0"
+    assert err.splitlines()[-1] == "error: total_iterations must be >= 1, got 0"
+    assert "Traceback" in err  # the tracebacks come first, as Python prints them
     assert sys.excepthook is excepthook  # installed by importing bim
 
 
