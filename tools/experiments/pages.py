@@ -1,0 +1,150 @@
+"""The committed pages under ``docs/results``: each protocol's page (its folder's ``report.json``, see
+:mod:`.report`) and the tables of the summary page ``docs/results/README.md``, between ``<!-- generated: NAME -->``
+and ``<!-- end -->`` lines, all computed from the committed CSVs."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from .figures import plot_dice_vs_scans
+from .report import load_spec, report_rows, write_report
+from .tables import _p_text, select, sign_test_p
+from .vocabulary import ACDC_ROWS, COUNTS, PAPER_TABLE1, PROSTATE_ROWS, ROOT, TASK_NAMES, ExperimentError
+
+RESULTS = ROOT / "docs" / "results"
+# in this order: acdc_fast counts its order of the rows against acdc_paper_length's table_cells.json
+PAGES = ("acdc_paper_length", "promise12_paper_length", "acdc_ablation", "acdc_fast", "promise12_fast")
+BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end -->)", re.S)
+# the run-for-run comparisons of the summary: (row, reference)
+COMPARISONS = (("Contrast (Enc) + Ours (Dec)", "Baseline"), ("Contrast (Enc)", "Baseline"),
+               ("Contrast (Enc) + Ours (Dec)", "Contrast (Enc)"), ("IIC (Dec)", "Baseline"),
+               ("Ours (Dec) MI+CC", "Baseline"), ("Mean Teacher", "Baseline"), ("MT + Ours", "Mean Teacher"))
+
+
+def _dice(rows: list[dict]) -> dict:
+    """(method, task, labelled scans, seed) -> test Dice x 100."""
+    return {(r["method"], r["task"], r["labelled_scans"], r["seed"]): 100.0 * r["test_dice"] for r in rows
+            if not r.get("ablation")}
+
+
+def _cell(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.1f}" if len(values) == 1 else f"{mean:.1f} ± {statistics.pstdev(values):.1f}"
+
+
+def measured_table(chosen: list[dict], methods, tasks) -> str:
+    """Markdown: each method by each (task, labelled scans), our mean ± std over seeds with the paper's number in
+    brackets, then the full method's and MT + Ours's paired gains with their wins (the paper's gain in brackets)."""
+    dice = _dice(chosen)
+    columns = [(t, n) for t in tasks for n in COUNTS[t]]
+    lines = ["| method | " + " | ".join(f"{TASK_NAMES[t]} {n}" for t, n in columns) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    for m in methods:
+        cells = []
+        for t, n in columns:
+            v = [d for k, d in dice.items() if k[:3] == (m, t, n)]
+            p = PAPER_TABLE1.get(m, {}).get(t, {}).get(n)
+            cells.append(("–" if not v else _cell(v)) + ("" if p is None else f" ({p:.1f})"))
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    for m, ref in (("Contrast (Enc) + Ours (Dec)", "Baseline"), ("MT + Ours", "Mean Teacher")):
+        cells = []
+        for t, n in columns:
+            gains = [d - dice[(ref, *k[1:])] for k, d in dice.items() if k[:3] == (m, t, n) and (ref, *k[1:]) in dice]
+            paper = PAPER_TABLE1[m][t][n] - PAPER_TABLE1[ref][t][n]
+            cells.append("–" if not gains else f"{statistics.fmean(gains):+.1f}, {sum(g > 0 for g in gains)}/"
+                         f"{len(gains)} ({paper:+.1f})")
+        lines.append(f"| *{m} − {ref}* | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pairs_line(dice: dict, m: str, ref: str) -> str | None:
+    """One markdown row: ``m`` against ``ref`` run for run (same task, labelled scans and seed)."""
+    gains, paper = [], []
+    for k, d in dice.items():
+        if k[0] == m and (ref, *k[1:]) in dice:
+            gains.append(d - dice[(ref, *k[1:])])
+            paper.append(PAPER_TABLE1[m][k[1]][k[2]] - PAPER_TABLE1[ref][k[1]][k[2]])
+    if not gains:
+        return None
+    wins, losses = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
+    return (f"| {m} | {ref} | {wins} of {len(gains)} | {statistics.fmean(gains):+.1f} | "
+            f"{_p_text(sign_test_p(wins, losses))} | {statistics.fmean(paper):+.1f} |")
+
+
+def pairs_table(rows_by_protocol: dict) -> str:
+    """Markdown: the ``COMPARISONS`` run for run under each protocol, with the sign test's p and the paper's gain."""
+    lines = ["| row | against | protocol | wins | mean gain | p | paper's gain |", "|---|---|---|---|---|---|---|"]
+    for protocol, chosen in rows_by_protocol.items():
+        dice = _dice(chosen)
+        for m, ref in COMPARISONS:
+            line = pairs_line(dice, m, ref)
+            if line:
+                lines.append(line.replace(f"| {ref} |", f"| {ref} | {protocol} |", 1))
+    return "\n".join(lines)
+
+
+def noise_table(rows: list[dict], ablation_rows: list[dict]) -> str:
+    """Markdown: the run-to-run noise (a baseline run twice with the same seed and command, ``Baseline [rerun]``) and
+    the noise between pre-trainings (ablation points pre-trained two or three times: the range of their means)."""
+    first = {r["name"]: r for r in rows if r.get("kind") != "pretrain"}
+    lines = ["| noise | cells | difference, Dice points |", "|---|---|---|"]
+    for r in rows:
+        if r.get("method") == "Baseline [rerun]":
+            twin = first.get(r["name"].removesuffix("_rerun"))
+            if twin:
+                lines.append(f"| the same run twice | {TASK_NAMES[r['task']]} {r['labelled_scans']}, seed "
+                             f"{r['seed']}, LR {r['lr']:g} | {100 * (r['test_dice'] - twin['test_dice']):+.1f} |")
+    means = defaultdict(lambda: defaultdict(list))
+    for r in ablation_rows:
+        if r.get("kind") != "pretrain" and r.get("ablation"):
+            means[(r["ablation"], r["ablation_value"])][r["init"]].append(100.0 * r["test_dice"])
+    spreads = sorted((max(m) - min(m), key) for key, inits in means.items()
+                     for m in [[statistics.fmean(v) for v in inits.values()]] if len(m) > 1)
+    if spreads:
+        lines.append(f"| between pre-trainings of one setting (5,000 iterations) | LV 1, mean of 3 seeds, "
+                     f"{len(spreads)} settings | median {statistics.median(s for s, _ in spreads):.1f}, "
+                     f"largest {spreads[-1][0]:.1f} |")
+    return "\n".join(lines)
+
+
+def summary_blocks(figure: bool = False) -> dict[str, str]:
+    """The generated tables of ``docs/results/README.md``, by block name (``figure``: also draw its figure)."""
+    acdc_spec = load_spec(RESULTS / "acdc_paper_length")
+    acdc = [r for r in report_rows(acdc_spec) if r.get("kind") != "pretrain"]
+    prostate_spec = load_spec(RESULTS / "promise12_paper_length")
+    prostate = [r for r in report_rows(prostate_spec) if r.get("kind") != "pretrain"]
+    ablation = report_rows(load_spec(RESULTS / "acdc_ablation"))
+    paper = [r for r in select(acdc, "paper", acdc_spec.paper_lr) if r["method"] in ACDC_ROWS]
+    tuned = [r for r in select(acdc, "tuned") if r["method"] in ACDC_ROWS]
+    if figure:
+        plot_dice_vs_scans(paper, RESULTS / "acdc_paper_lr.png", "ACDC, paper's lengths, LR 1e-4")
+    return {"acdc": measured_table(paper, ACDC_ROWS, ("lv", "rv", "myo")),
+            "promise12": measured_table(select(prostate, "paper"), PROSTATE_ROWS, ("prostate",)),
+            "pairs": pairs_table({"LR 1e-4": paper, "LR chosen": tuned}),
+            "noise": noise_table(acdc, ablation)}
+
+
+def fill(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each generated block replaced by ``blocks[name]``; a block without a table is an error."""
+    def sub(m):
+        if m.group(2) not in blocks:
+            raise ExperimentError(f"docs/results/README.md: no generated table is called {m.group(2)!r}")
+        return f"{m.group(1)}{blocks[m.group(2)]}\n{m.group(4)}"
+    return BLOCK.sub(sub, text)
+
+
+def regenerate(check: bool = False) -> list[Path]:
+    """Rewrite every page and the summary's tables from the CSVs; ``check``: write nothing, return the summary if its
+    tables differ from the CSVs. Returns the paths written (or found stale)."""
+    summary = RESULTS / "README.md"
+    if check:
+        text = summary.read_text()
+        return [] if fill(text, summary_blocks()) == text else [summary]
+    written = []
+    for page in PAGES:
+        written += write_report(load_spec(RESULTS / page), RESULTS / page)
+    summary.write_text(fill(summary.read_text(), summary_blocks(figure=True)))
+    return written + [summary, RESULTS / "acdc_paper_lr.png"]
