@@ -32,7 +32,7 @@ def _dice(rows: list[dict]) -> dict:
 
 def _cell(values: list[float]) -> str:
     mean = statistics.fmean(values)
-    return f"{mean:.1f}" if len(values) == 1 else f"{mean:.1f} ± {statistics.pstdev(values):.1f}"
+    return f"{mean:.1f}" if len(values) == 1 else f"{mean:.1f}±{statistics.pstdev(values):.1f}"
 
 
 def measured_table(chosen: list[dict], methods, tasks) -> str:
@@ -54,14 +54,15 @@ def measured_table(chosen: list[dict], methods, tasks) -> str:
         for t, n in columns:
             gains = [d - dice[(ref, *k[1:])] for k, d in dice.items() if k[:3] == (m, t, n) and (ref, *k[1:]) in dice]
             paper = PAPER_TABLE1[m][t][n] - PAPER_TABLE1[ref][t][n]
-            cells.append("–" if not gains else f"{statistics.fmean(gains):+.1f}, {sum(g > 0 for g in gains)}/"
+            cells.append("–" if not gains else f"{statistics.fmean(gains):+.1f} {sum(g > 0 for g in gains)}/"
                          f"{len(gains)} ({paper:+.1f})")
         lines.append(f"| *{m} − {ref}* | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def pairs_line(dice: dict, m: str, ref: str) -> str | None:
-    """One markdown row: ``m`` against ``ref`` run for run (same task, labelled scans and seed)."""
+def pairs_cell(dice: dict, m: str, ref: str) -> tuple[str, float] | None:
+    """(``wins/pairs gain (p)``, the paper's gain over the same cells) of ``m`` against ``ref`` run for run (same
+    task, labelled scans and seed); None without pairs."""
     gains, paper = [], []
     for k, d in dice.items():
         if k[0] == m and (ref, *k[1:]) in dice:
@@ -70,19 +71,22 @@ def pairs_line(dice: dict, m: str, ref: str) -> str | None:
     if not gains:
         return None
     wins, losses = sum(g > 0 for g in gains), sum(g < 0 for g in gains)
-    return (f"| {m} | {ref} | {wins} of {len(gains)} | {statistics.fmean(gains):+.1f} | "
-            f"{_p_text(sign_test_p(wins, losses))} | {statistics.fmean(paper):+.1f} |")
+    p = _p_text(sign_test_p(wins, losses))
+    return f"{wins}/{len(gains)} {statistics.fmean(gains):+.1f} (p{'' if p.startswith('<') else '='}{p})", \
+        statistics.fmean(paper)
 
 
 def pairs_table(rows_by_protocol: dict) -> str:
-    """Markdown: the ``COMPARISONS`` run for run under each protocol, with the sign test's p and the paper's gain."""
-    lines = ["| row | against | protocol | wins | mean gain | p | paper's gain |", "|---|---|---|---|---|---|---|"]
-    for protocol, chosen in rows_by_protocol.items():
-        dice = _dice(chosen)
-        for m, ref in COMPARISONS:
-            line = pairs_line(dice, m, ref)
-            if line:
-                lines.append(line.replace(f"| {ref} |", f"| {ref} | {protocol} |", 1))
+    """Markdown: the ``COMPARISONS`` run for run, a column per protocol (wins/pairs, mean gain, sign test's p), and
+    the paper's gain over the same cells."""
+    lines = ["| row − reference | " + " | ".join(rows_by_protocol) + " | paper |",
+             "|" + "---|" * (len(rows_by_protocol) + 2)]
+    dice = {protocol: _dice(chosen) for protocol, chosen in rows_by_protocol.items()}
+    for m, ref in COMPARISONS:
+        cells = [pairs_cell(d, m, ref) for d in dice.values()]
+        if any(cells):
+            paper = next(c[1] for c in cells if c)
+            lines.append(f"| {m} − {ref} | " + " | ".join(c[0] if c else "–" for c in cells) + f" | {paper:+.1f} |")
     return "\n".join(lines)
 
 
@@ -90,13 +94,13 @@ def noise_table(rows: list[dict], ablation_rows: list[dict]) -> str:
     """Markdown: the run-to-run noise (a baseline run twice with the same seed and command, ``Baseline [rerun]``) and
     the noise between pre-trainings (ablation points pre-trained two or three times: the range of their means)."""
     first = {r["name"]: r for r in rows if r.get("kind") != "pretrain"}
-    lines = ["| noise | cells | difference, Dice points |", "|---|---|---|"]
-    for r in rows:
-        if r.get("method") == "Baseline [rerun]":
-            twin = first.get(r["name"].removesuffix("_rerun"))
-            if twin:
-                lines.append(f"| the same run twice | {TASK_NAMES[r['task']]} {r['labelled_scans']}, seed "
-                             f"{r['seed']}, LR {r['lr']:g} | {100 * (r['test_dice'] - twin['test_dice']):+.1f} |")
+    lines = ["| noise | difference, Dice points |", "|---|---|"]
+    twice = [(f"{TASK_NAMES[r['task']]} {r['labelled_scans']}", 100 * (r["test_dice"] - first[twin]["test_dice"]))
+             for r in rows if r.get("method") == "Baseline [rerun]"
+             for twin in [r["name"].removesuffix("_rerun")] if twin in first]
+    if twice:
+        lines.append("| the baseline run twice, same seed and command | "
+                     + ", ".join(f"{cell} {d:+.1f}" for cell, d in sorted(twice)) + " |")
     means = defaultdict(lambda: defaultdict(list))
     for r in ablation_rows:
         if r.get("kind") != "pretrain" and r.get("ablation"):
@@ -104,16 +108,48 @@ def noise_table(rows: list[dict], ablation_rows: list[dict]) -> str:
     spreads = sorted((max(m) - min(m), key) for key, inits in means.items()
                      for m in [[statistics.fmean(v) for v in inits.values()]] if len(m) > 1)
     if spreads:
-        lines.append(f"| between pre-trainings of one setting (5,000 iterations) | LV 1, mean of 3 seeds, "
-                     f"{len(spreads)} settings | median {statistics.median(s for s, _ in spreads):.1f}, "
+        lines.append(f"| pre-trainings of one ablation setting, 5,000 iterations (LV 1, mean of 3 seeds; "
+                     f"{len(spreads)} settings) | range: median {statistics.median(s for s, _ in spreads):.1f}, "
                      f"largest {spreads[-1][0]:.1f} |")
     return "\n".join(lines)
+
+
+def lr_table(seg: list[dict], paper: list[dict], tuned: list[dict]) -> str:
+    """Markdown: what choosing each row's LR on validation changes, mean over seeds, per (task, labelled scans);
+    "–" where the cell ran one LR, rows that ran one LR everywhere left out."""
+    a, b = _dice(paper), _dice(tuned)
+    tried = defaultdict(set)
+    for r in seg:
+        tried[(r["method"], r["task"], r["labelled_scans"])].add(r["lr"])
+    columns = [(t, n) for t in ("lv", "rv", "myo") for n in COUNTS[t]]
+    lines = ["| method | LV 1 | RV 1 | Myo 1 | cells with a choice |", "|---|---|---|---|---|"]
+    for m in ACDC_ROWS:
+        diffs = {c: [b[k] - a[k] for k in a if k[:3] == (m, *c) and k in b] if len(tried[(m, *c)]) > 1 else []
+                 for c in columns}
+        cells = [f"{statistics.fmean(diffs[(t, 1)]):+.1f}" if diffs[(t, 1)] else "–" for t in ("lv", "rv", "myo")]
+        every = [x for d in diffs.values() for x in d]
+        if every:
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {statistics.fmean(every):+.1f} |")
+    return "\n".join(lines)
+
+
+def pretraining_time(rows: list[dict]) -> str:
+    """Markdown: the full method's 10,000-iteration pre-trainings that ran in one attempt, wall time by GPU model."""
+    times = defaultdict(list)
+    for r in rows:
+        if (r.get("kind") == "pretrain" and r.get("variant") == "full" and r.get("wall_s")
+                and r.get("wall_s") == r.get("wall_s_all_attempts") and "--epochs 50 --iters_per_epoch 200 " in (r.get("command") or "")):
+            times[r["gpu"].split(" x ")[-1]].append(float(r["wall_s"]))
+    return "\n".join(["| GPU (one per pre-training) | pre-trainings | wall time, min (median; range) |", "|---|---|---|"]
+                     + [f"| {g} | {len(v)} | {statistics.median(v) / 60:.1f}; {min(v) / 60:.1f}–{max(v) / 60:.1f} |"
+                        for g, v in sorted(times.items())])
 
 
 def summary_blocks(figure: bool = False) -> dict[str, str]:
     """The generated tables of ``docs/results/README.md``, by block name (``figure``: also draw its figure)."""
     acdc_spec = load_spec(RESULTS / "acdc_paper_length")
-    acdc = [r for r in report_rows(acdc_spec) if r.get("kind") != "pretrain"]
+    acdc_all = report_rows(acdc_spec)
+    acdc = [r for r in acdc_all if r.get("kind") != "pretrain"]
     prostate_spec = load_spec(RESULTS / "promise12_paper_length")
     prostate = [r for r in report_rows(prostate_spec) if r.get("kind") != "pretrain"]
     ablation = report_rows(load_spec(RESULTS / "acdc_ablation"))
@@ -124,7 +160,7 @@ def summary_blocks(figure: bool = False) -> dict[str, str]:
     return {"acdc": measured_table(paper, ACDC_ROWS, ("lv", "rv", "myo")),
             "promise12": measured_table(select(prostate, "paper"), PROSTATE_ROWS, ("prostate",)),
             "pairs": pairs_table({"LR 1e-4": paper, "LR chosen": tuned}),
-            "noise": noise_table(acdc, ablation)}
+            "noise": noise_table(acdc, ablation), "lr": lr_table(acdc, paper, tuned), "time": pretraining_time(acdc_all)}
 
 
 def fill(text: str, blocks: dict[str, str]) -> str:
