@@ -1,4 +1,4 @@
-"""Defining properties of the semi-supervised methods of meanteacher_seg (bim_common.semi_supervised), on the CPU.
+"""Defining properties of the semi-supervised methods of meanteacher_seg (bim.semi_supervised), on the CPU.
 
 EMA teacher, consistency ramp-up, UA-MT threshold and mask, ICT / MixUp targets, teacher-student geometric
 alignment, entropy minimisation, adversarial training, pretrained initialisation of both networks.
@@ -7,7 +7,6 @@ alignment, entropy minimisation, adversarial training, pretrained initialisation
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +15,10 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bundles"))
 
-from bim_common import semi_supervised as ss  # noqa: E402
-from bim_common.network import build_unet  # noqa: E402
-from bim_common.segmentation import SegmentationAugment, load_pretrained  # noqa: E402
+from bim import semi_supervised as ss  # noqa: E402
+from bim.network import build_unet  # noqa: E402
+from bim.segmentation import SegmentationAugment, load_pretrained  # noqa: E402
 
 TINY = (4, 8, 8, 16, 16, 4)
 
@@ -613,7 +611,7 @@ def test_at_weight_0_with_the_consistency_on_unlabelled_images_the_step_is_the_s
 
 def test_boolean_settings_take_command_line_strings_and_refuse_others():
     """``--unlabelled_bn_stats false`` reaches the step as the string 'false' (bool('false') is True)."""
-    from bim_common.engine import as_flag
+    from bim.engine import as_flag
 
     assert [as_flag(v, "k") for v in (True, False, "false", "False", "TRUE", "1", "0", 1, 0)] == \
         [True, False, False, False, True, True, False, True, False]
@@ -645,7 +643,7 @@ def test_bn_statistics_snapshot_restores_the_running_statistics():
 def test_every_method_takes_its_labelled_term_from_supervised_loss_function(method):
     """The bundles' ``loss_function`` reaches the labelled term of every method: called with fp32 logits
     [B_l, C, h, w] and class indices [B_l, 1, h, w]; its value is ``loss_sup``. The default is cross-entropy."""
-    from bim_common.segmentation import labelled_cross_entropy
+    from bim.segmentation import labelled_cross_entropy
 
     calls = []
 
@@ -664,24 +662,3 @@ def test_every_method_takes_its_labelled_term_from_supervised_loss_function(meth
     out = _step(method, net, supervised_loss_function=recording_loss, **extra)(net, _batch(), 0)
     assert calls and all(c == (torch.float32, (2, 2, 32, 32), (2, 1, 32, 32)) for c in calls)
     assert float(out["loss_sup"]) > 1.0  # cross-entropy of 2 classes at init is ~0.7: the +1 came through
-
-
-def test_the_teacher_batch_diagnosis_runs_on_the_demo_data(demo_dataset, tmp_path):
-    # docs/results/cpu_proxy_teacher_bn.py: the labelled scan's views change the teacher's unlabelled targets only
-    # through the joint batch's statistics; the script measures that per labelled scan and must run end to end, as
-    # its command line runs it (from another directory)
-    import json
-    import subprocess
-
-    torch.manual_seed(0)
-    checkpoint = tmp_path / "model.pt"
-    torch.save(build_unet(out_channels=2).state_dict(), checkpoint)
-    out = subprocess.run([sys.executable, str(ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py"), "--dataset_dir",
-                          str(demo_dataset), "--checkpoint", str(checkpoint), "--seeds", "0,1", "--batches", "2",
-                          "--batch_size", "2", "--unlabelled_batch_size", "2", "--crop_size", "64",
-                          "--max_unlabelled_scans", "3", "--threads", "1"],
-                         cwd=tmp_path, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["seed"] for r in rows] == [0, 1]  # fire hands "0,1" over as a tuple
-    assert 0.0 < rows[0]["mean_abs_foreground_prob_change"] and 0.0 <= rows[0]["unlabelled_pixels_whose_class_flips"] <= 1.0

@@ -1,9 +1,6 @@
 #!/usr/bin/env python
-"""The experiment runner's command line: ``python tools/experiments.py COMMAND`` (see tools/experiments/cli.py)."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiments.cli import main  # noqa: E402  (the package tools/experiments/)
+"""The experiment runner's command line: ``python tools/experiments.py COMMAND --help``. The code is the package
+``tools/experiments/`` beside this file (a package wins over a module of the same name on the import path)."""
+from experiments.cli import main
 
 main()

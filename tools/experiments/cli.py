@@ -92,6 +92,9 @@ class CLI:
     def pages(self, check: bool = False) -> None:
         """Regenerate every page under docs/results from its committed CSVs (``PAGES``), and the tables of
         docs/results/README.md; ``check``: write nothing, fail if a page's tables differ from the CSVs."""
+        from bim.flags import require_flags  # fire hands --check false over as the string 'false'
+
+        require_flags({"check": check})
         stale = regenerate(check=check)
         for p in stale:
             print(("differs: " if check else "") + str(p))
@@ -101,8 +104,11 @@ class CLI:
     def panels(self, csv_paths, out_png: str, ablations: bool = False) -> None:
         """Draw the cluster panels of the pre-trainings in results CSV(s) side by side (``runs/NAME/panels`` beside
         each CSV, as ``collect`` leaves them) into ``out_png``; ``ablations``: one figure row per ablation."""
+        from bim.flags import require_flags  # fire hands --ablations false over as the string 'false'
+
+        require_flags({"ablations": ablations})
         pretrains = [r for r in read_rows(_path_list(csv_paths)) if r.get("kind") == "pretrain"]
-        png = plot_cluster_panels(pretrains, Path(out_png), ablations=bool(ablations))
+        png = plot_cluster_panels(pretrains, Path(out_png), ablations=ablations)
         if png is None:
             raise ExperimentError(f"none of the {len(pretrains)} pre-trainings has a cluster panel to draw")
         print(png)
@@ -113,6 +119,6 @@ def main() -> None:
 
     try:
         fire.Fire(CLI, name="experiments.py")
-    except ExperimentError as e:  # bad input: one line that names the file or key, not a traceback
+    except ValueError as e:  # bad input (ExperimentError is one): one line that names the file or key, not a traceback
         print(f"experiments.py: {e}", file=sys.stderr)
         raise SystemExit(2) from None
