@@ -445,6 +445,14 @@ def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
                   + "".join(f" {fmt(tuned(r, n))} |" for n in tuned_names))
     md.append("")
 
+    return md + rank_correlation_lines(scored, tuned_names, tuned)
+
+
+
+def rank_correlation_lines(scored: list[dict], names: list[str], tuned) -> list[str]:
+    """Markdown: Spearman's rank correlation between each structure's best single cluster Dice and the fine-tuned
+    test Dice (``tuned(row, name)``: (mean, runs) or None), over the pre-trainings that train a cluster head and have
+    both, where 4 or more do."""
     def head_trained(r):  # a variant this checkout does not know is counted
         try:
             return trains_cluster_head([r["variant"]]) if r.get("variant") else True
@@ -453,19 +461,18 @@ def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
 
     clustered = [r for r in scored if head_trained(r)]
     rhos = []
-    for n in tuned_names:
+    for n in names:
         pairs = [(float(r[f"cq_{n}"]), tuned(r, n)[0]) for r in clustered
                  if r.get(f"cq_{n}") not in (None, "") and tuned(r, n) is not None]
         if len(pairs) >= 4:
             rhos.append(f"{n} {spearman(*zip(*pairs)):+.2f} ({len(pairs)} pre-trainings)")
-    if rhos:
-        left_out = sorted({_pretrain_label(r, " ") for r in scored if r not in clustered})
-        md += ["Does a better cluster make a better fine-tune? Spearman's rank correlation between the best single "
-               "cluster's Dice and the fine-tuned test Dice, over the pre-trainings that have both"
-               + (f" and train a cluster head (left out: {', '.join(left_out)})" if left_out else "")
-               + ": " + ", ".join(rhos) + ".", ""]
-    return md
-
+    if not rhos:
+        return []
+    left_out = sorted({_pretrain_label(r, " ") for r in scored if r not in clustered})
+    return ["Does a better cluster make a better fine-tune? Spearman's rank correlation between the best single "
+            "cluster's Dice and the fine-tuned test Dice, over the pre-trainings that have both"
+            + (f" and train a cluster head (left out: {', '.join(left_out)})" if left_out else "")
+            + ": " + ", ".join(rhos) + ".", ""]
 
 def _variant_label(variant: str, sep: str = "\n") -> str:
     """The Table 1 row of a pre-training variant (experiments.METHODS, the one place that maps them), then the
