@@ -1,6 +1,6 @@
 """The committed pages under ``docs/results``: each protocol's page (its folder's ``report.json``, see
-:mod:`.report`) and the tables of the summary page ``docs/results/README.md``, between ``<!-- generated: NAME -->``
-and ``<!-- end -->`` lines, all computed from the committed CSVs."""
+:mod:`.report`) and the tables of the summary page ``docs/results/README.md`` and of the repository's README, between
+``<!-- generated: NAME -->`` and ``<!-- end -->`` lines, all computed from the committed CSVs."""
 
 from __future__ import annotations
 
@@ -145,6 +145,23 @@ def pretraining_time(rows: list[dict]) -> str:
                         for g, v in sorted(times.items())])
 
 
+def headline_table(acdc: list[dict], prostate: list[dict]) -> str:
+    """Markdown for the repository's README: the four main rows' means per task, 1 / 2 / 4 (4 / 6 / 8) scans, the
+    paper's numbers in brackets for the pre-trained rows."""
+    dice = {**_dice(acdc), **_dice(prostate)}
+    rows = ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher", "MT + Ours")
+    lines = ["| data, labelled scans | random init | full method | Mean Teacher | MT + Ours |", "|---|---|---|---|---|"]
+    for task, data in (("lv", "ACDC LV"), ("rv", "ACDC RV"), ("myo", "ACDC Myo"), ("prostate", "PROMISE12")):
+        cells = []
+        for m in rows:
+            ours = " / ".join(f"{statistics.fmean(v for k, v in dice.items() if k[:3] == (m, task, n)):.1f}"
+                              for n in COUNTS[task])
+            paper = " / ".join(f"{PAPER_TABLE1[m][task][n]:.1f}" for n in COUNTS[task])
+            cells.append(ours + (f" ({paper})" if m in ("Contrast (Enc) + Ours (Dec)", "MT + Ours") else ""))
+        lines.append(f"| {data}, {' / '.join(map(str, COUNTS[task]))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary_blocks(figure: bool = False) -> dict[str, str]:
     """The generated tables of ``docs/results/README.md``, by block name (``figure``: also draw its figure)."""
     acdc_spec = load_spec(RESULTS / "acdc_paper_length")
@@ -157,8 +174,10 @@ def summary_blocks(figure: bool = False) -> dict[str, str]:
     tuned = [r for r in select(acdc, "tuned") if r["method"] in ACDC_ROWS]
     if figure:
         plot_dice_vs_scans(paper, RESULTS / "acdc_paper_lr.png", "ACDC, paper's lengths, LR 1e-4")
+    prostate = select(prostate, "paper")
     return {"acdc": measured_table(paper, ACDC_ROWS, ("lv", "rv", "myo")),
-            "promise12": measured_table(select(prostate, "paper"), PROSTATE_ROWS, ("prostate",)),
+            "promise12": measured_table(prostate, PROSTATE_ROWS, ("prostate",)),
+            "headline": headline_table(paper, prostate),
             "pairs": pairs_table({"LR 1e-4": paper, "LR chosen": tuned}),
             "noise": noise_table(acdc, ablation), "lr": lr_table(acdc, paper, tuned), "time": pretraining_time(acdc_all)}
 
@@ -167,7 +186,7 @@ def fill(text: str, blocks: dict[str, str]) -> str:
     """``text`` with each generated block replaced by ``blocks[name]``; a block without a table is an error."""
     def sub(m):
         if m.group(2) not in blocks:
-            raise ExperimentError(f"docs/results/README.md: no generated table is called {m.group(2)!r}")
+            raise ExperimentError(f"no generated table is called {m.group(2)!r}; tables: {sorted(blocks)}")
         return f"{m.group(1)}{blocks[m.group(2)]}\n{m.group(4)}"
     return BLOCK.sub(sub, text)
 
@@ -175,12 +194,14 @@ def fill(text: str, blocks: dict[str, str]) -> str:
 def regenerate(check: bool = False) -> list[Path]:
     """Rewrite every page and the summary's tables from the CSVs; ``check``: write nothing, return the summary if its
     tables differ from the CSVs. Returns the paths written (or found stale)."""
-    summary = RESULTS / "README.md"
+    summaries = (RESULTS / "README.md", ROOT / "README.md")
     if check:
-        text = summary.read_text()
-        return [] if fill(text, summary_blocks()) == text else [summary]
+        blocks = summary_blocks()
+        return [p for p in summaries if fill(p.read_text(), blocks) != p.read_text()]
     written = []
     for page in PAGES:
         written += write_report(load_spec(RESULTS / page), RESULTS / page)
-    summary.write_text(fill(summary.read_text(), summary_blocks(figure=True)))
-    return written + [summary, RESULTS / "acdc_paper_lr.png"]
+    blocks = summary_blocks(figure=True)
+    for p in summaries:
+        p.write_text(fill(p.read_text(), blocks))
+    return written + [*summaries, RESULTS / "acdc_paper_lr.png"]
