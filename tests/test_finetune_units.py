@@ -45,7 +45,7 @@ def test_multiclass_and_prostate_tasks():
 
 
 def test_acdc_tasks_augment_with_t_ranges_and_prostate_keeps_the_light_ones():
-    # measured at the paper's length (docs/results, calls N): T's ranges lift the ACDC baseline by 20+ points
+    # measured at the paper's length (docs/results/acdc_paper_length): T's ranges lift the ACDC baseline by 20+ points
     for name in ("lv", "rv", "myo", "acdc"):
         task = get_task(name)
         assert (task.max_rotation_deg, task.scale_range, task.gamma_range) == (45.0, (0.8, 1.3), (0.5, 2.0)), name
