@@ -1,13 +1,8 @@
-"""Shared pytest setup: the repo root on sys.path and the location of ../shared (real test data)."""
+"""Shared pytest setup: the location of ../shared (real test data) and the demo data set."""
 
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

@@ -1,22 +1,12 @@
 """Scoring pre-trained clusters against labels: the pooled best-cluster Dice rewards clusters that mean the same
 structure in every scan, the per-scan Dice does not; NMI is 1 for a relabelling of the labels and 0 for one cluster."""
 
-import importlib.util
 import math
-import sys
 
 import pytest
 import torch
 
-from bundle_helpers import BUNDLES
-
-if str(BUNDLES) not in sys.path:  # bim_common, which the module imports, as the bundles' scripts/__init__ provides it
-    sys.path.insert(0, str(BUNDLES))
-# loaded under its own name: each bundle has its own top-level ``scripts`` package
-_spec = importlib.util.spec_from_file_location("_pretrain_bim_cluster_quality_under_test",
-                                               BUNDLES / "pretrain_bim" / "scripts" / "cluster_quality.py")
-CQ = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(CQ)
+from bim.pretrain import cluster_quality as CQ
 best_cluster_dice, cluster_quality, contingency = CQ.best_cluster_dice, CQ.cluster_quality, CQ.contingency
 normalised_mutual_information, many_to_one_dice = CQ.normalised_mutual_information, CQ.many_to_one_dice
 

@@ -56,7 +56,7 @@ def test_acdc_fast_keeps_the_light_augmentation_its_rows_were_measured_with(tmp_
     fast = args("acdc_fast", tasks="lv", methods=["Baseline"])
     assert {k: fast[k] for k in light} == light
     assert {k: args("acdc_fast", tasks="lv", methods=["Mean Teacher"])[k] for k in light} == light
-    # the paper preset and PROMISE12 take the task's own augmentation (bim_common.tasks)
+    # the paper preset and PROMISE12 take the task's own augmentation (bim.tasks)
     assert not set(light) & set(args("acdc_paper", tasks="lv", methods=["Baseline"]))
     assert not set(light) & set(args("promise12_fast", methods=["Baseline"]))
     # a tag's overrides replace the pinned values, each key once

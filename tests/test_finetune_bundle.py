@@ -101,8 +101,7 @@ def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
     green = (panel[..., 1] > 200) & (panel[..., 0] < 50)
     assert green[:, panel.shape[1] // 2:].any() and not green[:, : panel.shape[1] // 2].any()  # outlines on the right
 
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.network import build_unet
+    from bim.network import build_unet
 
     torch.manual_seed(0)
     untrained = tmp_path / "untrained"
@@ -140,7 +139,6 @@ def _raw_scan(tmp_path: Path) -> tuple[Path, Path]:
 def test_inference_writes_masks_in_the_input_geometry(finetuned, tmp_path):
     import nibabel as nib
 
-    sys.path.insert(0, str(ROOT))
     image, gt = _raw_scan(tmp_path)
     out = tmp_path / "out"
     run_config("inference.json", dataset_dir=image.parent, output_dir=out, ckpt_path=finetuned["dir"] / "model.pt",
@@ -169,7 +167,6 @@ def test_bundle_infer_task_contract(finetuned, tmp_path):
     bundle = tmp_path / "bundles" / "finetune_seg"
     shutil.copytree(BUNDLE / "configs", bundle / "configs")
     shutil.copytree(BUNDLE / "scripts", bundle / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "bundles" / "bim_common").symlink_to(ROOT / "bundles" / "bim_common")
     (bundle / "models").mkdir()
     shutil.copy(finetuned["dir"] / "model.pt", bundle / "models" / "model.pt")
     image, _ = _raw_scan(tmp_path)
@@ -216,8 +213,7 @@ def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):
     monai_bundle("ckpt_export", "network_def", "--filepath", str(ts), "--ckpt_file", str(finetuned["dir"] / "model.pt"),
                  "--meta_file", meta, "--config_file", cfg, "--features", SMALL, env=env)
     scripted = torch.jit.load(str(ts))
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.network import build_unet
+    from bim.network import build_unet
 
     net = build_unet(out_channels=2, features=SMALL_TUPLE)
     net.load_state_dict(torch.load(finetuned["dir"] / "model.pt", weights_only=True))

@@ -1,4 +1,4 @@
-"""Unit tests of the pieces finetune_seg shares through bim_common: tasks, pre-trained loading, augmentation,
+"""Unit tests of the pieces finetune_seg shares through bim: tasks, pre-trained loading, augmentation,
 slice-wise inference, labelled subsets and bad-input errors (all in-process, a few seconds)."""
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "bundles") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bundles"))
 
-from bim_common.network import build_unet  # noqa: E402
-from bim_common.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
+from bim.network import build_unet  # noqa: E402
+from bim.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
 
 SMALL = (8, 16, 32, 64, 128, 8)
 ACDC_NAMES = {0: "background", 1: "RV", 2: "Myo", 3: "LV"}  # data_prep's ACDC labels
@@ -103,8 +101,8 @@ def _save(obj, path):
 
 
 def test_load_pretrained_copies_matching_tensors_only(tmp_path):
-    from bim_common.network import backbone_state_dict
-    from bim_common.segmentation import load_pretrained
+    from bim.network import backbone_state_dict
+    from bim.segmentation import load_pretrained
 
     torch.manual_seed(0)
     source = build_unet(out_channels=1, features=SMALL)
@@ -120,7 +118,7 @@ def test_load_pretrained_copies_matching_tensors_only(tmp_path):
 
 
 def test_load_pretrained_accepts_wrapped_checkpoints(tmp_path):
-    from bim_common.segmentation import load_pretrained
+    from bim.segmentation import load_pretrained
 
     source = build_unet(out_channels=2, features=SMALL)
     # a bundle checkpoint: {"network": state dict of a model holding the U-Net as ``unet``}
@@ -133,7 +131,7 @@ def test_load_pretrained_accepts_wrapped_checkpoints(tmp_path):
 
 
 def test_load_pretrained_refuses_another_architecture(tmp_path):
-    from bim_common.segmentation import load_pretrained
+    from bim.segmentation import load_pretrained
 
     other = _save(build_unet(out_channels=1, features=(4, 8, 16, 32, 64, 4)).state_dict(), tmp_path / "other.pt")
     with pytest.raises(ValueError, match=r"other\.pt matches no tensor of the network"):
@@ -151,7 +149,7 @@ def test_load_pretrained_refuses_another_architecture(tmp_path):
 
 
 def test_augment_keeps_image_and_label_aligned_and_pads_small_images():
-    from bim_common.segmentation import SegmentationAugment
+    from bim.segmentation import SegmentationAugment
 
     g = torch.Generator().manual_seed(3)
     label = torch.zeros(6, 1, 40, 50, dtype=torch.uint8)
@@ -172,7 +170,7 @@ def test_augment_keeps_image_and_label_aligned_and_pads_small_images():
 
 
 def test_augment_is_reproducible_from_the_generator():
-    from bim_common.segmentation import SegmentationAugment
+    from bim.segmentation import SegmentationAugment
 
     img = torch.rand(3, 1, 48, 48)
     lab = (img > 0.5).to(torch.uint8)
@@ -182,7 +180,7 @@ def test_augment_is_reproducible_from_the_generator():
 
 
 def test_gamma_augmentation_changes_intensities_per_image_but_not_labels():
-    from bim_common.segmentation import SegmentationAugment
+    from bim.segmentation import SegmentationAugment
 
     img = torch.rand(4, 1, 48, 48) * 0.8 + 0.1
     lab = (img > 0.5).to(torch.uint8)
@@ -207,7 +205,7 @@ def test_gamma_augmentation_changes_intensities_per_image_but_not_labels():
 
 
 def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
-    from bim_common.inference import SliceBatchInferer
+    from bim.inference import SliceBatchInferer
 
     torch.manual_seed(0)
     net = build_unet(out_channels=3, features=SMALL).eval()
@@ -229,7 +227,7 @@ def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
 
 
 def test_labelled_items_names_the_missing_subset():
-    from bim_common.segmentation import labelled_items
+    from bim.segmentation import labelled_items
 
     items = labelled_items(None, 0, 1)  # demo data set
     assert len(items) == 1 and Path(items[0]["label"]).is_file()
@@ -238,7 +236,7 @@ def test_labelled_items_names_the_missing_subset():
 
 
 def test_dataset_dir_without_datalist(tmp_path):
-    from bim_common.segmentation import evaluation_items, labelled_items
+    from bim.segmentation import evaluation_items, labelled_items
 
     with pytest.raises(FileNotFoundError, match="no datalist.json"):
         labelled_items(tmp_path, 0, 1)
@@ -250,8 +248,8 @@ def test_task_store_refuses_labels_the_task_cannot_map(tmp_path):
     import nibabel as nib
     from monai.data import Dataset
 
-    from bim_common.data import volume_loader
-    from bim_common.segmentation import task_slice_store
+    from bim.data import volume_loader
+    from bim.segmentation import task_slice_store
 
     img = np.random.rand(16, 16, 3).astype(np.float32)
     lab = np.zeros((16, 16, 3), np.uint8)
@@ -269,14 +267,14 @@ def test_task_store_refuses_labels_the_task_cannot_map(tmp_path):
 
 def test_empty_evaluation_list_is_a_clear_error(tmp_path):
     (tmp_path / "datalist.json").write_text(json.dumps({"training": [], "validation": [], "test": []}))
-    from bim_common.segmentation import evaluation_items
+    from bim.segmentation import evaluation_items
 
     with pytest.raises(ValueError, match="'validation' list .* is empty"):
         evaluation_items(tmp_path, "validation")
 
 
 def test_mask_outline_is_the_border_of_the_mask():
-    from bim_common.images import mask_outline
+    from bim.images import mask_outline
 
     mask = np.zeros((7, 7), bool)
     mask[1:6, 1:6] = True
@@ -290,7 +288,7 @@ def test_mask_outline_is_the_border_of_the_mask():
 def test_prediction_panel_shows_the_lowest_dice_scans_first_or_the_first_scans(tmp_path, order, shown):
     from types import SimpleNamespace
 
-    from bim_common.inference import PredictionPanelWriter
+    from bim.inference import PredictionPanelWriter
     from PIL import Image
 
     writer = PredictionPanelWriter(str(tmp_path), "lv", max_scans=2, order=order)
@@ -340,7 +338,7 @@ def test_decoder_pads_only_where_needed_and_matches_monai_upcat(size):
     size, the odd sizes included, and the state dict keeps BasicUNet's keys."""
     from monai.networks.nets import BasicUNet
     from monai.networks.nets.basic_unet import UpCat
-    from bim_common.network import UpCatPadIfNeeded, set_decoder_padding
+    from bim.network import UpCatPadIfNeeded, set_decoder_padding
 
     torch.manual_seed(0)
     net = build_unet(out_channels=3, features=SMALL).eval()
@@ -396,7 +394,7 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
 def test_a_boolean_key_given_as_a_lowercase_string_stops_the_run_with_the_key_named(bundle, key, tmp_path, demo_dataset):
     """``monai.bundle run ... --amp false`` hands the string 'false' over, which ``if @amp`` takes for true: every
     training entry point (train.json, multi_gpu_train.json) checks its boolean keys first and names the one."""
-    from bim_common.engine import require_flags
+    from bim.engine import require_flags
     from bundle_helpers import workflow
 
     require_flags({"a": True, "b": False})
@@ -420,7 +418,7 @@ def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is
     from monai.bundle import ConfigParser
     from monai.losses import DiceCELoss
 
-    from bim_common.segmentation import SegmentationAugment, labelled_cross_entropy, supervised_loss
+    from bim.segmentation import SegmentationAugment, labelled_cross_entropy, supervised_loss
 
     torch.manual_seed(0)
     net = build_unet(out_channels=2, features=SMALL)
@@ -447,7 +445,7 @@ def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is
 
 def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_information():
     # the path-dependence probe of pretrain_bim: a level reaches the decoder as its per-channel spatial mean
-    from bim_common.network import unet_embeddings
+    from bim.network import unet_embeddings
 
     torch.manual_seed(0)
     net = build_unet(out_channels=1, features=SMALL).train()  # batch statistics: every level is well scaled
@@ -466,7 +464,7 @@ def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_informat
 
 
 def test_unet_embeddings_dense_level_takes_a_deeper_decoder_block():
-    from bim_common.network import dense_channels, unet_embeddings
+    from bim.network import dense_channels, unet_embeddings
 
     net = build_unet(out_channels=1, features=SMALL).eval()
     x = torch.randn(2, 1, 64, 64)

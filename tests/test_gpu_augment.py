@@ -1,14 +1,11 @@
 """The batched augmentation and the equivariant pair transform T (paper: p_hat = g(s(T(x))), p_tilde = g(T(s(x))))."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundles"))
 
-from bim_common.gpu_augment import (  # noqa: E402
+from bim.gpu_augment import (  # noqa: E402
     EquivariantPairTransform,
     crop_matrices,
     random_affine_matrices,

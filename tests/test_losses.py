@@ -1,28 +1,13 @@
-"""Tests of bundles/pretrain_bim/scripts/losses.py and heads.py (values, bounds, precision, shapes)."""
+"""Tests of bim/pretrain/losses.py and heads.py (values, bounds, precision, shapes)."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-_SCRIPTS = Path(__file__).resolve().parents[1] / "bundles" / "pretrain_bim" / "scripts"
-
-
-def _load(name: str):
-    module_name = f"_pretrain_bim_{name}_under_test"
-    spec = importlib.util.spec_from_file_location(module_name, _SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-L = _load("losses")
-H = _load("heads")
+from bim.pretrain import heads as H  # noqa: E402
+from bim.pretrain import losses as L  # noqa: E402
 
 
 def rand_probs(b, k, h, w, scale=1.0, seed=0, dtype=torch.float32):

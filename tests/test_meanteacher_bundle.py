@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,7 @@ METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup",
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A stand-in for a pretrain_bim checkpoint: a U-Net's state dict without its final 1x1 conv."""
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.network import backbone_state_dict, build_unet
+    from bim.network import backbone_state_dict, build_unet
 
     torch.manual_seed(123)
     path = tmp_path_factory.mktemp("pre") / "model.pt"

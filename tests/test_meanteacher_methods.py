@@ -1,4 +1,4 @@
-"""Defining properties of the semi-supervised methods of meanteacher_seg (bim_common.semi_supervised), on the CPU.
+"""Defining properties of the semi-supervised methods of meanteacher_seg (bim.semi_supervised), on the CPU.
 
 EMA teacher, consistency ramp-up, UA-MT threshold and mask, ICT / MixUp targets, teacher-student geometric
 alignment, entropy minimisation, adversarial training, pretrained initialisation of both networks.
@@ -16,11 +16,10 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bundles"))
 
-from bim_common import semi_supervised as ss  # noqa: E402
-from bim_common.network import build_unet  # noqa: E402
-from bim_common.segmentation import SegmentationAugment, load_pretrained  # noqa: E402
+from bim import semi_supervised as ss  # noqa: E402
+from bim.network import build_unet  # noqa: E402
+from bim.segmentation import SegmentationAugment, load_pretrained  # noqa: E402
 
 TINY = (4, 8, 8, 16, 16, 4)
 
@@ -613,7 +612,7 @@ def test_at_weight_0_with_the_consistency_on_unlabelled_images_the_step_is_the_s
 
 def test_boolean_settings_take_command_line_strings_and_refuse_others():
     """``--unlabelled_bn_stats false`` reaches the step as the string 'false' (bool('false') is True)."""
-    from bim_common.engine import as_flag
+    from bim.engine import as_flag
 
     assert [as_flag(v, "k") for v in (True, False, "false", "False", "TRUE", "1", "0", 1, 0)] == \
         [True, False, False, False, True, True, False, True, False]
@@ -645,7 +644,7 @@ def test_bn_statistics_snapshot_restores_the_running_statistics():
 def test_every_method_takes_its_labelled_term_from_supervised_loss_function(method):
     """The bundles' ``loss_function`` reaches the labelled term of every method: called with fp32 logits
     [B_l, C, h, w] and class indices [B_l, 1, h, w]; its value is ``loss_sup``. The default is cross-entropy."""
-    from bim_common.segmentation import labelled_cross_entropy
+    from bim.segmentation import labelled_cross_entropy
 
     calls = []
 

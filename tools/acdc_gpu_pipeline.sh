@@ -15,7 +15,7 @@ PY="${PYTHON:-python3}"
 PRETRAIN_EPOCHS="${PRETRAIN_EPOCHS:-10}"; PRETRAIN_ITERS="${PRETRAIN_ITERS:-200}"
 EXTRA="${EXTRA:-}"   # extra overrides for every bundle run (e.g. a small --crop_size for a CPU check)
 # the light labelled augmentation that the docs' numbers were measured with (the bundles' ACDC default before 0.3.0);
-# AUG= (empty) takes the bundles' current default, T's ranges (bundles/bim_common/tasks.py)
+# AUG= (empty) takes the bundles' current default, T's ranges (bundles/bim/tasks.py)
 AUG="${AUG---max_rotation_deg 15.0 --scale_range [0.9,1.1] --gamma_range None}"
 FT_EPOCHS="${FT_EPOCHS:-20}"; FT_ITERS="${FT_ITERS:-100}"
 FT_LRS="${FT_LRS:-2e-5 1e-4}"

@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import fire
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundles"))
 
-from bim_common.flags import require_flags  # noqa: E402
-from bim_common.inference import SliceBatchInferer  # noqa: E402
-from bim_common.network import PAPER_FEATURES, build_unet  # noqa: E402
+from bim.flags import require_flags  # noqa: E402
+from bim.inference import SliceBatchInferer  # noqa: E402
+from bim.network import PAPER_FEATURES, build_unet  # noqa: E402
 
 
 def benchmark(

@@ -7,7 +7,7 @@
                                           [--cudnn_deterministic None] [--joint_teacher_batch False]
                                           [--compile_teacher False]
 
-Times the bundle's own step (``bim_common.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
+Times the bundle's own step (``bim.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
 in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
 crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "bundles")]
 
 
 def _sync(device: torch.device) -> None:
@@ -50,10 +49,10 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
          cudnn_deterministic: bool | None = None, joint_teacher_batch: bool = False,
          compile_teacher: bool = False) -> None:
-    from bim_common import semi_supervised as ss
-    from bim_common.flags import require_flags
-    from bim_common.network import build_unet
-    from bim_common.segmentation import SegmentationAugment
+    from bim import semi_supervised as ss
+    from bim.flags import require_flags
+    from bim.network import build_unet
+    from bim.segmentation import SegmentationAugment
 
     if cudnn_deterministic is None:  # what the bundle that runs this step sets (its cudnn_deterministic default)
         cudnn_deterministic = method == "supervised"

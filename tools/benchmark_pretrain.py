@@ -10,7 +10,7 @@ steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
 ``--channels_last`` left out follows the bundle's default (channels-last on CUDA). ``--decoder_pad always`` puts
 back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
-``bim_common.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
+``bim.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
 its algorithms (the bundle's ``cudnn_deterministic`` key; left out, the bundle's default: deterministic).
 Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
@@ -29,7 +29,6 @@ import fire
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bundles" / "pretrain_bim")]
 
 
 def _sync(device):
@@ -63,11 +62,10 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     from ignite.engine import Events
     from monai.bundle import ConfigWorkflow
 
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.network import set_decoder_padding
+    from bim.network import set_decoder_padding
 
     cfg = str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")
-    wf = ConfigWorkflow(config_file=cfg, workflow_type="train", **overrides)
+    wf = ConfigWorkflow(config_file=cfg, workflow_type="train", bundle_root=str(Path(cfg).parents[1]), **overrides)
     wf.initialize()
     trainer = wf.parser.get_parsed_content("train#trainer")
     set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
@@ -113,9 +111,8 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
 
 def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False,
                     decoder_pad: str = "if_needed") -> dict:
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.engine import bf16_autocast
-    from bim_common.network import build_unet, set_decoder_padding
+    from bim.engine import bf16_autocast
+    from bim.network import build_unet, set_decoder_padding
 
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     net = set_decoder_padding(build_unet(out_channels=2), always=decoder_pad == "always").to(device=device, memory_format=fmt)
@@ -143,8 +140,7 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool = True, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None) -> None:
-    sys.path.insert(0, str(ROOT / "bundles"))
-    from bim_common.flags import require_flags
+    from bim.flags import require_flags
 
     # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
     require_flags({"compile": compile, "compile_bare": compile_bare, "bare": bare,

@@ -51,8 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "bundles"
-sys.path.insert(0, str(BUNDLES))
-from bim_common.flags import require_flags  # noqa: E402  (torch-free, so the runner stays light)
+from bim.flags import require_flags  # noqa: E402  (torch-free, so the runner stays light)
 from results_report import open_csv  # noqa: E402  (reads the committed *.csv.gz too; torch-free)
 
 PRETRAIN_TRAIN = "bundles/pretrain_bim/configs/train.json"
@@ -210,7 +209,7 @@ FAST = Protocol(pretrain_epochs=10, pretrain_iters=200, pretrain_warmup=2, finet
                 finetune_overrides=("--save_every", "500", "--log_every", "100"))
 # acdc_fast keeps the light labelled augmentation all of its rows were measured with (finetune_seg and meanteacher_seg
 # < 0.3.0: rotation ±15°, zoom 0.9-1.1, no gamma); the bundles' ACDC default is T's ranges since 0.3.0
-# (ACDC_AUGMENTATION in bundles/bim_common/tasks.py). A tag's --overrides still replace these values.
+# (ACDC_AUGMENTATION in bundles/bim/tasks.py). A tag's --overrides still replace these values.
 LIGHT_AUGMENTATION = ("--max_rotation_deg", "15.0", "--scale_range", "[0.9, 1.1]", "--gamma_range", "None")
 ACDC_FAST = replace(FAST, finetune_overrides=FAST.finetune_overrides + LIGHT_AUGMENTATION)
 PAPER = Protocol()
@@ -1141,8 +1140,8 @@ def cast_weights(src, dst, dtype: str) -> Path:
     if dtype not in WEIGHT_DTYPES:
         raise ExperimentError(f"dtype must be one of {list(WEIGHT_DTYPES)}, got {dtype!r}")
     import torch
-    from bim_common.engine import atomic_save
-    from bim_common.segmentation import read_state_dict
+    from bim.engine import atomic_save
+    from bim.segmentation import read_state_dict
 
     try:
         tensors = read_state_dict(src)

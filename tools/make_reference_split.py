@@ -13,10 +13,8 @@ an ordinary random stratified draw.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_prep.acdc import discover  # noqa: E402
 from data_prep.common import stratified_split  # noqa: E402

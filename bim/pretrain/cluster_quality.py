@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 
-from bim_common.data import read_items, resolve_dataset_dir, volume_loader
-from bim_common.inference import SliceBatchInferer, atomic_write_text
+from ..data import read_items, resolve_dataset_dir, volume_loader
+from ..inference import SliceBatchInferer, atomic_write_text
 
 logger = logging.getLogger("bim")
 
@@ -131,7 +131,7 @@ class ClusterQualityHandler:
 
     def _scan_clusters(self, model, ablate_levels=()):
         """Per labelled ``split`` scan: (cluster index map, label map), both [H, W, D] on the CPU, in eval mode;
-        ``ablate_levels`` as :func:`bim_common.network.unet_embeddings`'s."""
+        ``ablate_levels`` as :func:`bim.network.unet_embeddings`'s."""
         items, _ = self._labelled_items()
         device = next(model.parameters()).device
         load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
@@ -165,7 +165,7 @@ class ClusterQualityHandler:
     def path_dependence(self, model, levels=(0, 1, 2, 3, 4)) -> dict | None:
         """Which encoder levels the clusters are computed from. For each level k, the level's output reaches the
         decoder without its spatial information (its per-channel mean: ``ablate_levels=[k]`` of
-        ``bim_common.network.unet_embeddings``), and the cluster maps of the labelled ``split`` scans are compared
+        ``bim.network.unet_embeddings``), and the cluster maps of the labelled ``split`` scans are compared
         with the intact ones:
 
         - ``changed``: the share of pixels whose cluster changes, over all pixels;

@@ -19,7 +19,7 @@ pre-trained weights ("MT + Ours"). Each method is a value of ``method`` of :clas
   discriminator D trained to tell predictions on labelled from predictions on unlabelled images.
 
 w(t) = weight * :func:`sigmoid_rampup` (t / rampup_iterations). Views: every image gets the fine-tuning
-augmentation (:class:`~bim_common.segmentation.SegmentationAugment`: crop, flips, rotation, zoom as one matrix
+augmentation (:class:`~bim.segmentation.SegmentationAugment`: crop, flips, rotation, zoom as one matrix
 M, intensity jitter). For the teacher-student methods the teacher sees ``warp(x, M)`` and the student
 ``warp(x, M @ A)`` with a further random similarity A and its own intensity jitter; since
 ``warp(warp(x, M), A) == warp(x, M @ A)``, warping the teacher's prediction with A aligns it pixel by pixel with
@@ -294,7 +294,7 @@ class SemiSupervisedStep:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
         if method in TEACHER_METHODS and teacher is None:
-            raise ValueError(f"method {method!r} needs a teacher (scripts.bim.semi_supervised.ema_teacher)")
+            raise ValueError(f"method {method!r} needs a teacher (bim.semi_supervised.ema_teacher)")
         if method == "adversarial" and (discriminator is None or discriminator_optimizer is None):
             raise ValueError("method 'adversarial' needs a discriminator and a discriminator_optimizer")
         if weight < 0:

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
-from bim_common.engine import bf16_autocast
-from bim_common.network import unet_global_embedding
-from bim_common.gpu_augment import EquivariantPairTransform, crop_matrices, random_affine_matrices, warp
+from ..engine import bf16_autocast
+from ..network import unet_global_embedding
+from ..gpu_augment import EquivariantPairTransform, crop_matrices, random_affine_matrices, warp
 
 from . import losses as L
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 
-from .flags import as_flag, require_flags  # noqa: F401  (the configs' scripts.bim.engine.require_flags)
+from .flags import as_flag, require_flags  # noqa: F401  (the configs name bim.engine.require_flags)
 
 logger = logging.getLogger("bim")
 

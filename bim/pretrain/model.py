@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bim_common.network import PAPER_FEATURES, backbone_state_dict, build_unet, dense_channels, unet_embeddings
+from ..network import PAPER_FEATURES, backbone_state_dict, build_unet, dense_channels, unet_embeddings
 
 from .heads import ClusterHead, DenseProjector, GlobalProjector
 
@@ -49,7 +49,7 @@ class BIMPretrainNet(nn.Module):
     def cluster_map_probs(self, x: torch.Tensor, ablate_levels=()) -> torch.Tensor:
         """The first sub-head's cluster probabilities [B, K, H, W] at the image's resolution (a dense embedding from
         a deeper decoder block, ``dense_level`` > 1, is upsampled by nearest neighbour): what the panels and the
-        cluster scores show. ``ablate_levels``: see :func:`bim_common.network.unet_embeddings`."""
+        cluster scores show. ``ablate_levels``: see :func:`bim.network.unet_embeddings`."""
         probs = self.cluster_head(self(x, ablate_levels)[1])[0]
         if probs.shape[-2:] != x.shape[-2:]:
             probs = F.interpolate(probs, size=x.shape[-2:], mode="nearest")

@@ -3,7 +3,7 @@
 - :func:`load_pretrained`: initialise a U-Net from a ``pretrain_bim`` checkpoint (every tensor whose name and
   shape match), reporting what was and was not loaded;
 - :func:`labelled_items`, :func:`evaluation_items`, :func:`task_slice_store`: the labelled training scans of a
-  task as a :class:`~bim_common.data.SliceStore` of class indices on the device;
+  task as a :class:`~bim.data.SliceStore` of class indices on the device;
 - :class:`SegmentationAugment`: the training augmentation (random crop/pad, flips, rotation, scaling as one
   matrix and one ``grid_sample`` per batch; image and label share the matrix; intensity jitter);
 - :func:`supervised_loss`: augment a labelled batch, run the network under bf16 autocast, cross-entropy in fp32.
@@ -152,7 +152,7 @@ def evaluation_items(dataset_dir: str | os.PathLike | None, key: str) -> list[di
 
 def task_slice_store(dataset, task: str | SegmentationTask, device="cpu") -> SliceStore:
     """A :class:`SliceStore` of the labelled scans of ``dataset`` (a MONAI dataset of
-    ``bim_common.data.volume_loader(with_label=True)``) whose labels are the class indices of ``task``."""
+    ``bim.data.volume_loader(with_label=True)``) whose labels are the class indices of ``task``."""
     task = get_task(task)
     store = SliceStore.from_dataset(dataset, device="cpu")
     if store.label is None:

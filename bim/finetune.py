@@ -5,12 +5,12 @@ from __future__ import annotations
 from monai.engines import SupervisedTrainer
 from monai.utils import CommonKeys as Keys
 
-from bim_common.segmentation import SegmentationAugment, supervised_loss
+from .segmentation import SegmentationAugment, supervised_loss
 
 
 class FineTuneTrainer(SupervisedTrainer):
     """One iteration, all on the device: the sampler gives ``batch_size`` full labelled slices (class indices);
-    :class:`~bim_common.segmentation.SegmentationAugment` crops/flips/rotates/zooms image and label with one
+    :class:`~bim.segmentation.SegmentationAugment` crops/flips/rotates/zooms image and label with one
     matrix and jitters the intensities; the U-Net runs under bf16 autocast (CUDA); ``loss_function(logits,
     label [B, 1, H, W])`` in fp32 (the config's default: cross-entropy, the paper's); RAdam step. The LR schedule is stepped per iteration by an ``LrScheduleHandler``."""
 

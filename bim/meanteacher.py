@@ -5,12 +5,12 @@ from __future__ import annotations
 from monai.engines import SupervisedTrainer
 from monai.utils import CommonKeys as Keys
 
-from bim_common.semi_supervised import SemiSupervisedStep
+from .semi_supervised import SemiSupervisedStep
 
 
 class SemiSupervisedTrainer(SupervisedTrainer):
-    """One iteration, all on the device: the :class:`~bim_common.semi_supervised.PairedSliceSampler` gives a
-    labelled and an unlabelled batch of full slices; :class:`~bim_common.semi_supervised.SemiSupervisedStep`
+    """One iteration, all on the device: the :class:`~bim.semi_supervised.PairedSliceSampler` gives a
+    labelled and an unlabelled batch of full slices; :class:`~bim.semi_supervised.SemiSupervisedStep`
     builds the views, runs the student (and the teacher / discriminator of the method), steps the optimisers and
     updates the EMA teacher. The LR schedule is stepped per iteration by an ``LrScheduleHandler``.
 

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from ignite.engine import Engine, Events
 
-from bim_common.data import SliceStore
-from bim_common.engine import atomic_save
-from bim_common.gpu_augment import crop_matrices, warp
-from bim_common.images import gray_rgb, save_png
+from ..data import SliceStore
+from ..engine import atomic_save
+from ..gpu_augment import crop_matrices, warp
+from ..images import gray_rgb, save_png
 
 from . import losses as L
 

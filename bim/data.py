@@ -21,13 +21,23 @@ from monai.transforms import Compose, EnsureTyped, LoadImaged
 logger = logging.getLogger("bim")
 
 
+def data_prep():
+    """The ``data_prep`` package: installed beside ``bim`` (``pip install -e .``), or the copy that
+    ``python -m bim.export_bundle`` writes into an exported bundle's ``scripts/bim/data_prep``."""
+    try:
+        from . import data_prep as vendored  # an exported bundle carries its own copy
+    except ImportError:
+        import data_prep as installed
+
+        return installed
+    return vendored
+
+
 def resolve_dataset_dir(dataset_dir: str | Path | None) -> Path:
     """``dataset_dir`` as an absolute path; ``None`` (or "") means the embedded synthetic demo data set,
     generated on first use by :func:`data_prep.ensure_demo_dataset`."""
     if dataset_dir in (None, "", "None", "null"):
-        from data_prep import ensure_demo_dataset
-
-        return Path(ensure_demo_dataset()).resolve()
+        return Path(data_prep().ensure_demo_dataset()).resolve()
     path = Path(dataset_dir).expanduser().resolve()
     if not (path / "datalist.json").is_file():
         raise FileNotFoundError(
@@ -39,9 +49,7 @@ def resolve_dataset_dir(dataset_dir: str | Path | None) -> Path:
 
 def read_items(dataset_dir: str | Path | None, key: str) -> list[dict]:
     """Items of ``key`` in ``dataset_dir/datalist.json`` with absolute paths (clear error if absent)."""
-    from data_prep import read_datalist
-
-    return read_datalist(resolve_dataset_dir(dataset_dir), key)
+    return data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)
 
 
 def volume_loader(with_label: bool) -> Compose:

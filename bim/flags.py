@@ -1,5 +1,5 @@
 """Boolean settings as a command line hands them over, checked without importing torch (the experiment runner
-uses them too). ``bim_common.engine`` re-exports both, which the bundles' configs name."""
+uses them too). ``bim.engine`` re-exports both, which the bundles' configs name."""
 
 from __future__ import annotations
 
