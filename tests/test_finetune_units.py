@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bim.network import build_unet  # noqa: E402
 from bim.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
+from tolerance import assert_close_to_scale, conv_reduction_length  # noqa: E402
 
 SMALL = (8, 16, 32, 64, 128, 8)
 ACDC_NAMES = {0: "background", 1: "RV", 2: "Myo", 3: "LV"}  # data_prep's ACDC labels
@@ -216,9 +217,10 @@ def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
         # slice 2 alone, padded by hand to 48 x 48 the same way
         sl = torch.nn.functional.pad(vol[..., 2], (5, 6, 4, 4))
         ref = net(sl)[..., 4:44, 5:42]
-        assert torch.allclose(out[..., 2], ref, atol=1e-5)
+        # batched and single-slice convolutions may sum in another order: rounding of the longest conv sum
+        assert_close_to_scale(out[..., 2], ref, conv_reduction_length(net), "slice 2 vs by hand")
         chunked = SliceBatchInferer(divisor=16, max_slices=2)(vol, net)
-        assert torch.allclose(out, chunked, atol=1e-5)
+        assert_close_to_scale(out, chunked, conv_reduction_length(net), "2-slice chunks vs all at once")
     with pytest.raises(ValueError, match="expects"):
         SliceBatchInferer()(torch.rand(1, 4, 4), net)
 
@@ -458,7 +460,10 @@ def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_informat
         assert (d - dense).abs().max() > 1e-3, f"ablating level {level} must change the dense embedding"
     # an image whose level-4 features are already spatially constant is unchanged by ablating level 4
     net.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
-    assert torch.allclose(unet_embeddings(net, x)[1], unet_embeddings(net, x, [4])[1], atol=1e-6)
+    # ablating recomputes the mean of the level's already equal values: a sum of (64 / 16)^2 rounded terms, whose
+    # relative error the decoder (batch statistics) carries to every output at the output's scale
+    level4_terms = (x.shape[-2] // 16) * (x.shape[-1] // 16)
+    assert_close_to_scale(unet_embeddings(net, x, [4])[1], unet_embeddings(net, x)[1], level4_terms, "level 4 ablated")
     with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
         unet_embeddings(net, x, [5])
 
