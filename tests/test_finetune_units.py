@@ -354,8 +354,9 @@ def test_decoder_pads_only_where_needed_and_matches_monai_upcat(size):
     assert ours.shape == (2, 3, *size) and torch.equal(ours, theirs)
     ours.square().sum().backward()
     theirs.square().sum().backward()
+    # gradients reach thousands: compare at each gradient's scale; a weight's gradient sums over batch x pixels
     for (name, p), q in zip(net.named_parameters(), reference.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+        assert_close_to_scale(p.grad, q.grad, x.shape[0] * x.shape[-2] * x.shape[-1], name)
     set_decoder_padding(net, always=True)
     assert all(type(m) is UpCat for m in net.modules() if isinstance(m, UpCat))
 
