@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -85,19 +86,31 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def atomic_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file in the same folder, then rename: never a half-written file."""
+READABLE = 0o644  # what the bundles write (weights, checkpoints, CSV/JSON) is readable by others, as any new file
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yields a temporary path in ``path``'s folder; when the block succeeds, the file gets mode 0644 and is renamed
+    to ``path`` (never half-written; ``tempfile`` creates it 0600); when it fails, the temporary file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        yield tmp
+        os.chmod(tmp, READABLE)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return path
+
+
+def atomic_save(obj, path: str | os.PathLike) -> Path:
+    """``torch.save`` through :func:`atomic_file`: never a half-written file, mode 0644."""
+    with atomic_file(path) as tmp:
+        torch.save(obj, tmp)
+    return Path(path)
 
 
 def _is_main_process() -> bool:
