@@ -113,13 +113,32 @@ class BestMetricSaver:
     """Attached to the validation evaluator: after each validation whose ``metric_name`` beats the best so far,
     writes the network's weights as a plain state dict to ``output_dir/model.pt`` (atomically; loadable with
     ``torch.load(..., weights_only=True)``) and ``output_dir/best_metric.json`` (metric, epoch, iteration and
-    ``info``). ``state_dict``/``load_state_dict`` let a resumed run continue the comparison."""
+    ``info``). ``state_dict``/``load_state_dict`` let a resumed run continue the comparison.
+
+    A good model is never replaced by a worse one: when ``output_dir`` already holds a ``model.pt`` with its
+    ``best_metric.json`` from an earlier run (a second MONAI Label train request, say), this run replaces it only
+    with weights that score higher than that record; until then its best weights go to ``model_new.pt``
+    (+ ``best_metric_new.json``) and each such validation logs a warning saying which model was kept."""
 
     def __init__(self, network, output_dir: str, metric_name: str = "val_mean_dice", info: dict | None = None,
                  filename: str = "model.pt") -> None:
         self.network, self.output_dir, self.metric_name = network, Path(output_dir), metric_name
         self.info, self.filename = dict(info or {}), filename
         self.best, self.best_epoch = -math.inf, -1
+        self.previous = self.previous_record()
+
+    def previous_record(self) -> dict | None:
+        """``best_metric.json`` of the model already in ``output_dir`` (None when there is none)."""
+        record_path = self.output_dir / "best_metric.json"
+        if not (self.output_dir / self.filename).is_file() or not record_path.is_file():
+            return None
+        try:
+            record = json.loads(record_path.read_text())
+            float(record["value"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{record_path}: not a best_metric.json written by training ({e}); delete it or train "
+                             f"into another output_dir") from e
+        return record
 
     def state_dict(self) -> dict:
         return {"best": torch.tensor(self.best, dtype=torch.float64), "best_epoch": torch.tensor(self.best_epoch)}
@@ -137,14 +156,24 @@ class BestMetricSaver:
             logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} (best {self.best:.4f} at epoch {self.best_epoch})")
             return
         self.best, self.best_epoch = value, epoch
-        logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / self.filename}")
+        filename, record_name = self.filename, "best_metric.json"
+        previous = None if self.previous is None else float(self.previous["value"])
+        if previous is not None and value <= previous:
+            filename, record_name = f"{Path(self.filename).stem}_new.pt", "best_metric_new.json"
+            logger.warning(
+                f"epoch {epoch}: {self.metric_name} {value:.4f} is this run's best but not above the {previous:.4f} "
+                f"of the {self.filename} already in {self.output_dir} (epoch {self.previous.get('epoch')} of an "
+                f"earlier run, best_metric.json): keeping that model; this run's best weights go to {filename}"
+            )
+        else:
+            logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / filename}")
         if not _is_main_process():
             return
         state = {k: v.detach().cpu() for k, v in _unwrap(self.network).state_dict().items()}
-        atomic_save(state, self.output_dir / self.filename)
+        atomic_save(state, self.output_dir / filename)
         record = {"metric": self.metric_name, "value": value, "epoch": epoch,
-                  "checkpoint": (self.output_dir / self.filename).as_posix(), **self.info}
-        atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / "best_metric.json")
+                  "checkpoint": (self.output_dir / filename).as_posix(), **self.info}
+        atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / record_name)
 
 
 class ValidateAtEnd:
