@@ -1,7 +1,7 @@
 """Data of the BIM bundles: datalists written by ``data_prep``, loaded once into a slice store on the device.
 
 Pre-processed scans are 3D NIfTI volumes (H, W, D) with the slices on the last axis. They are read once with
-MONAI's ``LoadImage`` (checked by :class:`LoadScand`) through a :class:`monai.data.Dataset` and stacked into a :class:`SliceStore` of 2D
+MONAI's ``LoadImaged`` (checked: :class:`LoadScand`) through a :class:`monai.data.Dataset` and stacked into a :class:`SliceStore` of 2D
 slices kept on the training device; samplers then build each batch by indexing that store, so no CPU data
 loader runs in the training loop.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import CacheDataset, Dataset
-from monai.transforms import Compose, EnsureTyped, LoadImage, MapTransform
+from monai.transforms import Compose, EnsureTyped, LoadImaged
 
 logger = logging.getLogger("bim")
 
@@ -49,13 +49,16 @@ def resolve_dataset_dir(dataset_dir: str | Path | None) -> Path:
 
 
 def read_items(dataset_dir: str | Path | None, key: str) -> list[dict]:
-    """Items of ``key`` in ``dataset_dir/datalist.json`` with absolute paths (clear error if absent)."""
-    return data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)
+    """Items of ``key`` in ``dataset_dir/datalist.json`` with absolute paths (clear error if absent), each marked
+    ``"prepared": True`` (see :func:`bim.inference.is_prepared`): data_prep wrote these scans."""
+    from .inference import PREPARED_KEY
+
+    return [{**item, PREPARED_KEY: True} for item in data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)]
 
 
-class LoadScand(MapTransform):
-    """Where data enters a bundle: reads the NIfTI file of each of ``keys`` (MONAI's ``LoadImage``, image only,
-    with its meta data) and checks it, so that a bad file stops the run with one error naming it:
+class LoadScand(LoadImaged):
+    """Where data enters a bundle: MONAI's ``LoadImaged`` (a subclass, so MONAI Label treats it as its loader),
+    followed by checks of what it read, so that a bad file stops the run with one error naming it:
 
     - a file that cannot be read (truncated, not NIfTI): ``ValueError`` naming the file and the reader's error;
     - a volume that is not ``ndim``-dimensional (a 4D series or a 2D slice where a 3D scan (H, W, D) is expected);
@@ -65,26 +68,33 @@ class LoadScand(MapTransform):
     :func:`bim.segmentation.task_slice_store`."""
 
     def __init__(self, keys: KeysCollection, reader: str = "NibabelReader", ndim: int = 3,
-                 image_keys: KeysCollection = ("image",), allow_missing_keys: bool = False) -> None:
-        super().__init__(keys, allow_missing_keys)
-        self.loader = LoadImage(reader=reader, image_only=True)
+                 image_keys: KeysCollection = ("image",), image_only: bool = True, **kwargs) -> None:
+        super().__init__(keys, reader=reader, image_only=image_only, **kwargs)
         self.ndim = int(ndim)
         self.image_keys = {image_keys} if isinstance(image_keys, str) else set(image_keys)
 
-    def __call__(self, data: dict) -> dict:
-        d = dict(data)
+    def __call__(self, data, reader=None):
+        try:
+            d = super().__call__(data, reader)
+        except Exception as e:  # noqa: BLE001 - nibabel, gzip and zlib raise many types
+            key, path = self._unreadable(data)
+            raise ValueError(
+                f"{path}: cannot read this {key} file ({type(e).__name__}: {e}); it is truncated or not a NIfTI "
+                f"volume: write it again (python -m data_prep ...) or remove it from the data set"
+            ) from e
         for key in self.key_iterator(d):
-            path = d[key]
-            try:
-                volume = self.loader(path)
-            except Exception as e:  # noqa: BLE001 - nibabel, gzip and zlib raise many types
-                raise ValueError(
-                    f"{path}: cannot read this {key} file ({type(e).__name__}: {e}); it is truncated or not a NIfTI "
-                    f"volume: write it again (python -m data_prep ...) or remove it from the data set"
-                ) from e
-            check_volume(volume, path, key, self.ndim, key in self.image_keys)
-            d[key] = volume
+            check_volume(d[key], data[key], key, self.ndim, key in self.image_keys)
         return d
+
+    def _unreadable(self, data) -> tuple[str, object]:
+        """The first of ``keys`` whose file the loader cannot read (all of them when each reads alone)."""
+        keys = list(self.key_iterator(dict(data)))
+        for key in keys:
+            try:
+                self._loader(data[key])
+            except Exception:  # noqa: BLE001
+                return key, data[key]
+        return "/".join(keys), ", ".join(str(data[k]) for k in keys)
 
 
 def check_volume(volume, path, key: str = "image", ndim: int = 3, image: bool = True) -> None:
@@ -106,13 +116,29 @@ def check_volume(volume, path, key: str = "image", ndim: int = 3, image: bool = 
                          f"fix or remove it")
 
 
-def volume_loader(with_label: bool) -> Compose:
-    """The deterministic pre-processing that reads one pre-processed scan, checked (:class:`LoadScand`): image
-    (and label) as float32 / uint8 arrays of shape (H, W, D)."""
+def volume_loader(with_label: bool, task: str | None = None, pixdim: float = 1.0, prostate_size: int = 256) -> Compose:
+    """The deterministic pre-processing that reads one scan: image (and label) as float32 / uint8 arrays of shape
+    (H, W, D), checked where they enter (:class:`LoadScand`). With ``task``, a raw scan (an item not from a data_prep datalist, e.g. of a MONAI Label datastore)
+    first gets data_prep's in-plane resampling (``pixdim`` mm, or ``prostate_size`` pixels for ``prostate``) and
+    intensity normalisation, as in inference (:class:`bim.inference.PrepareRawScand`); prepared scans are read
+    as they are."""
     keys = ["image", "label"] if with_label else ["image"]
+    prepare = []
+    if task is not None:
+        from monai.transforms import EnsureChannelFirstd, SqueezeDimd
+
+        from .inference import PrepareRawScand
+
+        prepare = [
+            EnsureChannelFirstd(keys=keys, channel_dim="no_channel"),
+            PrepareRawScand(keys="image", task=task, pixdim=pixdim, prostate_size=prostate_size,
+                            label_keys=keys[1:]),
+            SqueezeDimd(keys=keys, dim=0),
+        ]
     return Compose(
         [
             LoadScand(keys=keys),
+            *prepare,
             EnsureTyped(keys=["image"], dtype=torch.float32, track_meta=False),
             *([EnsureTyped(keys=["label"], dtype=torch.uint8, track_meta=False)] if with_label else []),
         ]
@@ -165,6 +191,12 @@ class SliceStore:
         idx = torch.nonzero(self.scan_index == scan).flatten()
         return slice(int(idx[0]), int(idx[-1]) + 1)
 
+    def padded(self, size: tuple[int, int]) -> SliceStore:
+        """This store with its slices zero-padded symmetrically to ``size`` (labels with background)."""
+        lab = None if self.label is None else pad_slices(self.label, size)
+        return SliceStore(pad_slices(self.image, size), lab, self.scan_index, self.slice_index, self.partition,
+                          self.scans, self.items, self.num_partitions)
+
     def to(self, device: torch.device | str) -> SliceStore:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return SliceStore(
@@ -173,8 +205,11 @@ class SliceStore:
         )
 
     @classmethod
-    def from_dataset(cls, dataset: Dataset, num_partitions: int | None = None, device="cpu") -> SliceStore:
-        """Read every scan of ``dataset`` (items as written by data_prep) and stack its slices."""
+    def from_dataset(cls, dataset: Dataset, num_partitions: int | None = None, device="cpu",
+                     pad_to_common: bool = False) -> SliceStore:
+        """Read every scan of ``dataset`` (items as written by data_prep) and stack its slices. Scans of different
+        in-plane sizes are an error, or with ``pad_to_common`` (raw scans resampled to 1 mm differ in size) are
+        zero-padded symmetrically (labels with background) to the largest height and width."""
         images, labels, scan_idx, slice_idx, parts, scans = [], [], [], [], [], []
         items = list(dataset.data)
         if not items:
@@ -187,7 +222,7 @@ class SliceStore:
                 raise ValueError(f"{item.get('image')}: expected a 3D (H, W, D) volume, got shape {tuple(img.shape)}")
             if size is None:
                 size = img.shape[:2]
-            elif img.shape[:2] != size:
+            elif img.shape[:2] != size and not pad_to_common:
                 raise ValueError(
                     f"{item.get('image')}: in-plane size {tuple(img.shape[:2])} differs from the first scan's "
                     f"{tuple(size)}; prepare all scans with the same --size"
@@ -207,6 +242,10 @@ class SliceStore:
             scan_idx.append(torch.full((depth,), i, dtype=torch.long))
             slice_idx.append(torch.arange(depth))
             scans.append(item.get("scan", Path(str(item.get("image"))).name))
+        common = (max(i.shape[-2] for i in images), max(i.shape[-1] for i in images))
+        if any(tuple(i.shape[-2:]) != common for i in images):
+            logger.info(f"scans of different in-plane sizes: slices zero-padded to {common[0]} x {common[1]}")
+            images, labels = [pad_slices(i, common) for i in images], [pad_slices(lab, common) for lab in labels]
         label = torch.cat(labels) if len(labels) == len(images) else None
         store = cls(
             image=torch.cat(images).float().contiguous(),
@@ -219,6 +258,12 @@ class SliceStore:
             num_partitions=int(num_partitions or (int(torch.cat(parts).max()) + 1)),
         )
         return store.to(device)
+
+
+def pad_slices(slices: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[S, C, h, w] slices zero-padded symmetrically to [S, C, *size]."""
+    ph, pw = size[0] - slices.shape[-2], size[1] - slices.shape[-1]
+    return torch.nn.functional.pad(slices, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
 
 
 def partition_table(store: SliceStore) -> tuple[torch.Tensor, torch.Tensor]:
