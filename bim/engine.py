@@ -116,16 +116,17 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
 
 
 def load_weights(path: str | os.PathLike, what: str, hint: str, map_location="cpu"):
-    """``torch.load(path, weights_only=True)``; a file it cannot read is a ``ValueError`` naming ``path``, saying it
-    is not a valid ``what`` and what to do (``hint``). torch's own advice to retry with ``weights_only=False``
-    (which would execute the file's code) is not passed on."""
+    """``torch.load(path, weights_only=True)``; a file it cannot read is a ``ValueError`` naming ``what`` (the option
+    or role of the file, e.g. ``--pretrained``) and ``path``, saying it is not a valid weights file and what to do
+    (``hint``). torch's own advice to retry with ``weights_only=False`` (which would execute the file's code) is not
+    passed on."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors come in many types
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else ""
         reason = f": {reason}" if reason and "weights_only" not in str(e) else ""
-        raise ValueError(f"{path} is not a valid {what} ({type(e).__name__}{reason}): it is truncated, corrupt or "
-                         f"not a PyTorch weights file; {hint}") from None
+        raise ValueError(f"{what} {path}: not a valid weights file ({type(e).__name__}{reason}); it is truncated, "
+                         f"corrupt or not a PyTorch weights file: {hint}") from None
 
 
 def _is_main_process() -> bool:
@@ -237,7 +238,7 @@ class ResumeFromCheckpoint:
     def resumable(self, path: Path, engine: Engine) -> bool:
         """Whether the ``"auto"`` checkpoint ``path`` is an interrupted run of this run's settings."""
         checkpoint = load_weights(path, "checkpoint", "delete it to start afresh, or choose another output_dir (or "
-                                  "--resume_from None)")
+                                  "pass --resume_from None)")
         if self.fingerprint is not None and checkpoint.get("fingerprint") != self.fingerprint:
             logger.warning(f"{path} is of a run with other settings (fingerprint {checkpoint.get('fingerprint')}, "
                            f"this run {self.fingerprint}): not resuming it, training from the start")
@@ -256,8 +257,8 @@ class ResumeFromCheckpoint:
         from monai.handlers import CheckpointLoader
 
         if self.path != "auto":  # "auto" was read by resumable()
-            load_weights(path, "checkpoint (--resume_from)", "pass the checkpoint_last.pt of a run, or --resume_from "
-                         "None to start afresh")
+            load_weights(path, "--resume_from", "pass the checkpoint_last.pt of a run, or --resume_from None to start "
+                         "afresh")
         logger.info(f"resuming from {path}")
         load_dict = {"trainer": engine, **self.load_dict}
         CheckpointLoader(str(path), load_dict, map_location=self.map_location).attach(engine)

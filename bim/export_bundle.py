@@ -63,7 +63,7 @@ def _check_weights(weights: Path) -> None:
 
     from .engine import load_weights
 
-    state = load_weights(weights, "weights file (--weights)", "pass the model.pt a bundle's training writes")
+    state = load_weights(weights, "--weights", "pass the model.pt a bundle's training writes")
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"--weights {weights}: expected a state dict (the model.pt a bundle's training writes)")
 

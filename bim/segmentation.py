@@ -42,7 +42,7 @@ def read_state_dict(path: str | os.PathLike, map_location="cpu") -> dict[str, to
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"pretrained checkpoint {path} does not exist")
-    obj = load_weights(path, "weights file (--pretrained)", "pass a pretrain_bim model.pt or a bundle checkpoint",
+    obj = load_weights(path, "--pretrained", "pass a pretrain_bim model.pt or a bundle checkpoint",
                        map_location)
     if isinstance(obj, Mapping):
         for key in ("network", "state_dict", "model"):

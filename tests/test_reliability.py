@@ -292,9 +292,9 @@ def test_a_truncated_checkpoint_last_stops_the_resume_naming_the_file_and_the_wa
     truncated = ckpt.read_bytes()
     wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), **TINY)
     line = last_line_of(wf.run)
-    assert line.startswith(f"error: {ckpt} is not a valid checkpoint (")
-    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file; delete it to start afresh, or choose "
-                         "another output_dir (or --resume_from None)")
+    assert line.startswith(f"error: checkpoint {ckpt}: not a valid weights file (")
+    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file: delete it to start afresh, or choose "
+                         "another output_dir (or pass --resume_from None)")
     assert [p.name for p in out.glob("*.pt")] == ["checkpoint_last.pt"] and ckpt.read_bytes() == truncated
 
 
@@ -305,8 +305,8 @@ def test_a_corrupt_pretrained_file_is_named_as_not_a_valid_weights_file(demo_dat
     wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path / "out"),
                   pretrained=str(bad), **TINY)
     line = last_line_of(wf.run)
-    assert line.startswith(f"error: {bad} is not a valid weights file (--pretrained) (")
-    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file; pass a pretrain_bim model.pt or a "
+    assert line.startswith(f"error: --pretrained {bad}: not a valid weights file (")
+    assert line.endswith("it is truncated, corrupt or not a PyTorch weights file: pass a pretrain_bim model.pt or a "
                          "bundle checkpoint")
     assert "weights_only" not in line
     assert not (tmp_path / "out").exists()

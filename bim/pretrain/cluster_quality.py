@@ -241,7 +241,7 @@ def load_pretrain_checkpoint(network: torch.nn.Module, checkpoint: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: pass the checkpoint_final.pt (or "
                                 f"checkpoint_last.pt) of a pretrain_bim run as --checkpoint")
-    state = load_weights(path, "checkpoint", "pass the checkpoint_final.pt (or checkpoint_last.pt) of a pretrain_bim run",
+    state = load_weights(path, "--checkpoint", "pass the checkpoint_final.pt (or checkpoint_last.pt) of a pretrain_bim run",
                          next(network.parameters()).device)
     if "network" not in state:
         raise KeyError(f"{path} has no 'network' entry (keys {sorted(state)}): expected a pretrain_bim "
