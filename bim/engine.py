@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from ignite.engine import Engine, Events
 
-from .flags import as_flag, require_flags  # noqa: F401  (the configs name bim.engine.require_flags)
+from .flags import as_flag  # noqa: F401  (re-exported; the configs check their options with bim.options)
 
 logger = logging.getLogger("bim")
 
