@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bim.network import build_unet  # noqa: E402
 from bim.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
+from tolerance import assert_close_to_scale, conv_reduction_length  # noqa: E402
 
 SMALL = (8, 16, 32, 64, 128, 8)
 ACDC_NAMES = {0: "background", 1: "RV", 2: "Myo", 3: "LV"}  # data_prep's ACDC labels
@@ -45,7 +46,7 @@ def test_multiclass_and_prostate_tasks():
 
 
 def test_acdc_tasks_augment_with_t_ranges_and_prostate_keeps_the_light_ones():
-    # measured at the paper's length (docs/results, calls N): T's ranges lift the ACDC baseline by 20+ points
+    # measured at the paper's length (docs/results/acdc_paper_length): T's ranges lift the ACDC baseline by 20+ points
     for name in ("lv", "rv", "myo", "acdc"):
         task = get_task(name)
         assert (task.max_rotation_deg, task.scale_range, task.gamma_range) == (45.0, (0.8, 1.3), (0.5, 2.0)), name
@@ -237,9 +238,10 @@ def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
         # slice 2 alone, padded by hand to 48 x 48 the same way
         sl = torch.nn.functional.pad(vol[..., 2], (5, 6, 4, 4))
         ref = net(sl)[..., 4:44, 5:42]
-        assert torch.allclose(out[..., 2], ref, atol=1e-5)
+        # batched and single-slice convolutions may sum in another order: rounding of the longest conv sum
+        assert_close_to_scale(out[..., 2], ref, conv_reduction_length(net), "slice 2 vs by hand")
         chunked = SliceBatchInferer(divisor=16, max_slices=2)(vol, net)
-        assert torch.allclose(out, chunked, atol=1e-5)
+        assert_close_to_scale(out, chunked, conv_reduction_length(net), "2-slice chunks vs all at once")
     with pytest.raises(ValueError, match="expects"):
         SliceBatchInferer()(torch.rand(1, 4, 4), net)
 
@@ -479,7 +481,10 @@ def test_cluster_net_ablate_levels_removes_only_that_levels_spatial_information(
         assert (d - dense).abs().max() > 1e-3, f"ablating level {level} must change the dense embedding"
     # an image whose level-4 features are already spatially constant is unchanged by ablating level 4
     net.unet.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
-    assert torch.allclose(net.embeddings(x)[1], net.embeddings(x, [4])[1], atol=1e-6)
+    # ablating recomputes the mean of the level's already equal values: a sum of (64 / 16)^2 rounded terms, whose
+    # relative error the decoder (batch statistics) carries to every output at the output's scale
+    level4_terms = (x.shape[-2] // 16) * (x.shape[-1] // 16)
+    assert_close_to_scale(net.embeddings(x, [4])[1], net.embeddings(x)[1], level4_terms, "level 4 ablated")
     with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
         net.embeddings(x, [5])
 
