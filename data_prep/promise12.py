@@ -6,17 +6,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .common import (
-    DataPrepError,
-    atomic_output,
-    log,
-    make_datalist,
-    parse_bool,
-    parse_int,
-    parse_int_list,
-    slice_partition,
-    write_json,
-)
+from .common import DataPrepError, atomic_output, log, make_datalist, slice_partition, write_json
+from .common import parse_bool, parse_int, parse_int_list
 from .scan import ScanJob, run_jobs
 from .splits import PROMISE_FRACTIONS, apply_split_file, load_split_file, seeded_split
 
