@@ -395,7 +395,10 @@ class SemiSupervisedMethod:
         raise NotImplementedError
 
     def after_step(self, student: nn.Module, terms: dict) -> dict:
-        """What follows the optimiser step; returns terms to report. Here nothing."""
+        """What follows the optimiser step; returns terms to report. Here: the teacher's EMA update, for the methods
+        that use the teacher."""
+        if self.uses_teacher:
+            self.update_teacher(student)
         return {}
 
     # ---- forwards
@@ -449,13 +452,6 @@ class SemiSupervisedMethod:
     def unlabelled_view(self, image: torch.Tensor) -> torch.Tensor:
         """The fine-tuning augmentation of an unlabelled batch: ``intensity(warp(x, M))``."""
         return self.augment.intensity(warp(image, self._matrices(image), self._out_hw()))
-
-    def mix_pairs(self, x: torch.Tensor, target: torch.Tensor, alpha: float):
-        """Mixup of each sample with a random partner: ``(mix(x, x[perm], lam), mix(target, target[perm], lam),
-        lam, perm)``, ``lam`` [B] ~ Beta(alpha, alpha), ``perm`` a random permutation of the batch."""
-        perm = torch.randperm(x.shape[0], generator=self.generator).to(x.device)
-        lam = sample_beta(alpha, x.shape[0]).to(x.device)
-        return mix(x, x[perm], lam), mix(target, target[perm], lam), lam, perm
 
     def _labelled_terms(self, logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict:
         """``loss_sup`` and the labelled view's ``image``, ``label``, ``pred`` from the logits of [labelled, ...]."""
@@ -526,10 +522,6 @@ class MeanTeacher(SemiSupervisedMethod, name="mean_teacher"):
             mask = mask * certain
         return {**terms, **self._labelled_terms(logits, s_l, y), "loss_reg": softmax_mse(logits, prob_t, mask)}
 
-    def after_step(self, student, terms):
-        self.update_teacher(student)
-        return {}
-
 
 class UncertaintyAwareMeanTeacher(MeanTeacher, name="ua_mt"):
     """UA-MT: Mean Teacher whose consistency keeps the pixels where the teacher's uncertainty (:meth:`teacher_uncertainty`)
@@ -561,17 +553,34 @@ class UncertaintyAwareMeanTeacher(MeanTeacher, name="ua_mt"):
         return (unc < threshold).float(), {"threshold": threshold}
 
 
-class InterpolationConsistency(SemiSupervisedMethod, name="ict"):
-    """ICT: CE + w(t) * :func:`softmax_mse` between the student on a mixup of two unlabelled views and the same
-    mixup of the teacher's predictions on them (lambda ~ Beta(``alpha``, ``alpha``), per sample)."""
+class MixingMethod(SemiSupervisedMethod):
+    """A method that mixes pairs of samples (ICT, MixUp): lambda ~ Beta(``alpha``, ``alpha``) per sample, ``alpha``
+    the method's ``default_alpha`` unless given."""
 
-    uses_teacher = True
+    default_alpha: ClassVar[float]
 
-    def __init__(self, settings: StepSettings, weight: float, alpha: float = 0.1) -> None:
+    def __init__(self, settings: StepSettings, weight: float, alpha: float | None = None) -> None:
         super().__init__(settings, weight)
+        alpha = self.default_alpha if alpha is None else alpha
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")
         self.alpha = float(alpha)
+
+    def mix_pairs(self, x: torch.Tensor, target: torch.Tensor, alpha: float):
+        """Mixup of each sample with a random partner: ``(mix(x, x[perm], lam), mix(target, target[perm], lam),
+        lam, perm)``, ``lam`` [B] ~ Beta(alpha, alpha), ``perm`` a random permutation of the batch."""
+        perm = torch.randperm(x.shape[0], generator=self.generator).to(x.device)
+        lam = sample_beta(alpha, x.shape[0]).to(x.device)
+        return mix(x, x[perm], lam), mix(target, target[perm], lam), lam, perm
+
+
+class InterpolationConsistency(MixingMethod, name="ict"):
+    """ICT: CE + w(t) * :func:`softmax_mse` between the student on a mixup of two unlabelled views and the same
+    mixup of the teacher's predictions on them (lambda ~ Beta(``alpha``, ``alpha``), per sample; ``alpha`` 0.1
+    unless given)."""
+
+    uses_teacher = True
+    default_alpha = 0.1
 
     def losses(self, student, batch, iteration):
         x, y = self.labelled_view(batch["image"], batch["label"])
@@ -579,10 +588,6 @@ class InterpolationConsistency(SemiSupervisedMethod, name="ict"):
         x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.alpha)
         logits = self.student_logits(student, x, x_mix)
         return {**self._labelled_terms(logits, x, y), "loss_reg": softmax_mse(logits[x.shape[0]:], target)}
-
-    def after_step(self, student, terms):
-        self.update_teacher(student)
-        return {}
 
 
 class EntropyMinimisation(SemiSupervisedMethod, name="entropy_min"):
@@ -594,17 +599,13 @@ class EntropyMinimisation(SemiSupervisedMethod, name="entropy_min"):
         return {**self._labelled_terms(logits, x, y), "loss_reg": entropy_loss(logits[x.shape[0]:])}
 
 
-class MixUp(SemiSupervisedMethod, name="mixup"):
+class MixUp(MixingMethod, name="mixup"):
     """MixUp: CE + w(t) * :func:`soft_cross_entropy` of the student on mixed labelled pairs against the mix of
-    their one-hot labels (lambda ~ Beta(``alpha``, ``alpha``), per sample). No unlabelled data."""
+    their one-hot labels (lambda ~ Beta(``alpha``, ``alpha``), per sample; ``alpha`` 1 unless given). No unlabelled
+    data."""
 
     uses_unlabelled = False
-
-    def __init__(self, settings: StepSettings, weight: float, alpha: float = 1.0) -> None:
-        super().__init__(settings, weight)
-        if not alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        self.alpha = float(alpha)
+    default_alpha = 1.0
 
     def losses(self, student, batch, iteration):
         x, y = self.labelled_view(batch["image"], batch["label"])

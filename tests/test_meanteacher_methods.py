@@ -624,3 +624,26 @@ def test_every_method_takes_its_labelled_term_from_supervised_loss_function(meth
     out = _step(method, net, supervised_loss_function=recording_loss, **extra)(net, _batch(), 0)
     assert calls and all(c == (torch.float32, (2, 2, 32, 32), (2, 1, 32, 32)) for c in calls)
     assert float(out["loss_sup"]) > 1.0  # cross-entropy of 2 classes at init is ~0.7: the +1 came through
+
+
+def test_each_variant_config_names_its_methods_class_and_no_key_is_picked_by_method_name():
+    """The registry and the configs agree: ``variants/<method>.json`` sets ``method`` and builds ``train#step`` as
+    that method's class (``mean_teacher``: train.json's own step); no ``$`` expression chooses by ``@method``."""
+    import json
+
+    configs = ROOT / "bundles" / "meanteacher_seg" / "configs"
+    train = json.loads((configs / "train.json").read_text())
+    assert set(ss.METHODS) == {p.stem for p in (configs / "variants").glob("*.json")}
+    for name, cls in ss.METHODS.items():
+        variant = json.loads((configs / "variants" / f"{name}.json").read_text())
+        step = variant.get("train#step", train["train"]["step"])
+        assert variant["method"] == name and step["_target_"] == f"bim.semi_supervised.{cls.__name__}", name
+
+    def expressions(node):
+        if isinstance(node, dict):
+            return [e for v in node.values() for e in expressions(v)]
+        if isinstance(node, list):
+            return [e for v in node for e in expressions(v)]
+        return [node] if isinstance(node, str) and node.startswith("$") else []
+
+    assert expressions(train) and not [e for e in expressions(train) if "@method" in e]
