@@ -48,17 +48,36 @@ def resolve_dataset_dir(dataset_dir: str | Path | None) -> Path:
 
 
 def read_items(dataset_dir: str | Path | None, key: str) -> list[dict]:
-    """Items of ``key`` in ``dataset_dir/datalist.json`` with absolute paths (clear error if absent)."""
-    return data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)
+    """Items of ``key`` in ``dataset_dir/datalist.json`` with absolute paths (clear error if absent), each marked
+    ``"prepared": True`` (see :func:`bim.inference.is_prepared`): data_prep wrote these scans."""
+    from .inference import PREPARED_KEY
+
+    return [{**item, PREPARED_KEY: True} for item in data_prep().read_datalist(resolve_dataset_dir(dataset_dir), key)]
 
 
-def volume_loader(with_label: bool) -> Compose:
-    """The deterministic pre-processing that reads one pre-processed scan: image (and label) as float32 /
-    uint8 arrays of shape (H, W, D)."""
+def volume_loader(with_label: bool, task: str | None = None, pixdim: float = 1.0, prostate_size: int = 256) -> Compose:
+    """The deterministic pre-processing that reads one scan: image (and label) as float32 / uint8 arrays of shape
+    (H, W, D). With ``task``, a raw scan (an item not from a data_prep datalist, e.g. of a MONAI Label datastore)
+    first gets data_prep's in-plane resampling (``pixdim`` mm, or ``prostate_size`` pixels for ``prostate``) and
+    intensity normalisation, as in inference (:class:`bim.inference.PrepareRawScand`); prepared scans are read
+    as they are."""
     keys = ["image", "label"] if with_label else ["image"]
+    prepare = []
+    if task is not None:
+        from monai.transforms import EnsureChannelFirstd, SqueezeDimd
+
+        from .inference import PrepareRawScand
+
+        prepare = [
+            EnsureChannelFirstd(keys=keys, channel_dim="no_channel"),
+            PrepareRawScand(keys="image", task=task, pixdim=pixdim, prostate_size=prostate_size,
+                            label_keys=keys[1:]),
+            SqueezeDimd(keys=keys, dim=0),
+        ]
     return Compose(
         [
             LoadImaged(keys=keys, image_only=True, reader="NibabelReader"),
+            *prepare,
             EnsureTyped(keys=["image"], dtype=torch.float32, track_meta=False),
             *([EnsureTyped(keys=["label"], dtype=torch.uint8, track_meta=False)] if with_label else []),
         ]
@@ -100,6 +119,12 @@ class SliceStore:
         idx = torch.nonzero(self.scan_index == scan).flatten()
         return slice(int(idx[0]), int(idx[-1]) + 1)
 
+    def padded(self, size: tuple[int, int]) -> SliceStore:
+        """This store with its slices zero-padded symmetrically to ``size`` (labels with background)."""
+        lab = None if self.label is None else pad_slices(self.label, size)
+        return SliceStore(pad_slices(self.image, size), lab, self.scan_index, self.slice_index, self.partition,
+                          self.scans, self.items, self.num_partitions)
+
     def to(self, device: torch.device | str) -> SliceStore:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return SliceStore(
@@ -108,8 +133,11 @@ class SliceStore:
         )
 
     @classmethod
-    def from_dataset(cls, dataset: Dataset, num_partitions: int | None = None, device="cpu") -> SliceStore:
-        """Read every scan of ``dataset`` (items as written by data_prep) and stack its slices."""
+    def from_dataset(cls, dataset: Dataset, num_partitions: int | None = None, device="cpu",
+                     pad_to_common: bool = False) -> SliceStore:
+        """Read every scan of ``dataset`` (items as written by data_prep) and stack its slices. Scans of different
+        in-plane sizes are an error, or with ``pad_to_common`` (raw scans resampled to 1 mm differ in size) are
+        zero-padded symmetrically (labels with background) to the largest height and width."""
         images, labels, scan_idx, slice_idx, parts, scans = [], [], [], [], [], []
         items = list(dataset.data)
         if not items:
@@ -122,7 +150,7 @@ class SliceStore:
                 raise ValueError(f"{item.get('image')}: expected a 3D (H, W, D) volume, got shape {tuple(img.shape)}")
             if size is None:
                 size = img.shape[:2]
-            elif img.shape[:2] != size:
+            elif img.shape[:2] != size and not pad_to_common:
                 raise ValueError(
                     f"{item.get('image')}: in-plane size {tuple(img.shape[:2])} differs from the first scan's "
                     f"{tuple(size)}; prepare all scans with the same --size"
@@ -142,6 +170,10 @@ class SliceStore:
             scan_idx.append(torch.full((depth,), i, dtype=torch.long))
             slice_idx.append(torch.arange(depth))
             scans.append(item.get("scan", Path(str(item.get("image"))).name))
+        common = (max(i.shape[-2] for i in images), max(i.shape[-1] for i in images))
+        if any(tuple(i.shape[-2:]) != common for i in images):
+            logger.info(f"scans of different in-plane sizes: slices zero-padded to {common[0]} x {common[1]}")
+            images, labels = [pad_slices(i, common) for i in images], [pad_slices(lab, common) for lab in labels]
         label = torch.cat(labels) if len(labels) == len(images) else None
         store = cls(
             image=torch.cat(images).float().contiguous(),
@@ -154,6 +186,12 @@ class SliceStore:
             num_partitions=int(num_partitions or (int(torch.cat(parts).max()) + 1)),
         )
         return store.to(device)
+
+
+def pad_slices(slices: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[S, C, h, w] slices zero-padded symmetrically to [S, C, *size]."""
+    ph, pw = size[0] - slices.shape[-2], size[1] - slices.shape[-1]
+    return torch.nn.functional.pad(slices, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
 
 
 def partition_table(store: SliceStore) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -85,33 +88,56 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def atomic_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file in the same folder, then rename: never a half-written file."""
+READABLE = 0o644  # what the bundles write (weights, checkpoints, CSV/JSON) is readable by others, as any new file
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yields a temporary path in ``path``'s folder; when the block succeeds, the file gets mode 0644 and is renamed
+    to ``path`` (never half-written; ``tempfile`` creates it 0600); when it fails, the temporary file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        yield tmp
+        os.chmod(tmp, READABLE)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return path
+
+
+def atomic_save(obj, path: str | os.PathLike) -> Path:
+    """``torch.save`` through :func:`atomic_file`: never a half-written file, mode 0644."""
+    with atomic_file(path) as tmp:
+        torch.save(obj, tmp)
+    return Path(path)
 
 
 def _is_main_process() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
+def settings_fingerprint(**settings) -> str:
+    """A short hash of the settings that shape a training run (data, task, network, schedule, augmentation,
+    seeds): :class:`CheckpointEveryN` stores it in each checkpoint and :class:`ResumeFromCheckpoint` resumes only a
+    checkpoint of the same settings. Values are hashed through their JSON text (``str`` for other objects)."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class CheckpointEveryN:
     """Saves the engine (as ``trainer``) and ``save_dict`` (objects with ``state_dict``) atomically to ``save_dir/checkpoint_last.pt`` every
-    ``interval`` iterations (the previous one is replaced), and to ``checkpoint_final.pt`` at the end."""
+    ``interval`` iterations (the previous one is replaced), and to ``checkpoint_final.pt`` at the end; with
+    ``fingerprint`` (:func:`settings_fingerprint`) each checkpoint records it under ``"fingerprint"``."""
 
-    def __init__(self, save_dir: str, save_dict: dict, interval: int = 200, final: bool = True):
+    def __init__(self, save_dir: str, save_dict: dict, interval: int = 200, final: bool = True,
+                 fingerprint: str | None = None):
         if interval < 1:
             raise ValueError(f"checkpoint interval must be >= 1, got {interval}")
         self.save_dir, self.save_dict, self.interval, self.final = Path(save_dir), save_dict, interval, final
+        self.fingerprint = fingerprint
 
     def attach(self, engine: Engine) -> None:
         self.save_dict = {"trainer": engine, **self.save_dict}
@@ -123,17 +149,25 @@ class CheckpointEveryN:
         if not _is_main_process():
             return
         state = {k: v.state_dict() for k, v in self.save_dict.items()}
+        if self.fingerprint is not None:
+            state["fingerprint"] = self.fingerprint
         atomic_save(state, self.save_dir / name)
 
 
 class ResumeFromCheckpoint:
-    """Resumes a run from ``path`` (a ``checkpoint_*.pt`` written by :class:`CheckpointEveryN`; ``"auto"``
-    picks ``save_dir/checkpoint_last.pt`` when it exists; ``None`` does nothing). Loads with
-    ``weights_only=True`` through MONAI's :class:`CheckpointLoader` (trainer iteration/epoch, network,
-    optimiser, LR scheduler, random state); the engine it is attached to is restored as ``trainer``."""
+    """Resumes a run from ``path`` (a ``checkpoint_*.pt`` written by :class:`CheckpointEveryN`; ``None`` does
+    nothing). Loads with ``weights_only=True`` through MONAI's :class:`CheckpointLoader` (trainer iteration/epoch,
+    network, optimiser, LR scheduler, random state); the engine it is attached to is restored as ``trainer``.
 
-    def __init__(self, path: str | None, load_dict: dict, save_dir: str | None = None, map_location=None):
+    ``"auto"`` resumes ``save_dir/checkpoint_last.pt`` only when it is an interrupted run of the same settings: with
+    ``fingerprint`` (:func:`settings_fingerprint`) a checkpoint of other settings is not resumed, and a checkpoint
+    whose run had finished (its iteration reached ``max_epochs * epoch_length``) is not either; either way training
+    starts again from the beginning, and the log says why."""
+
+    def __init__(self, path: str | None, load_dict: dict, save_dir: str | None = None, map_location=None,
+                 fingerprint: str | None = None):
         self.path, self.load_dict, self.save_dir, self.map_location = path, load_dict, save_dir, map_location
+        self.fingerprint = fingerprint
 
     def resolve(self) -> Path | None:
         if self.path in (None, "", "None", "null", False):
@@ -146,9 +180,26 @@ class ResumeFromCheckpoint:
             raise FileNotFoundError(f"resume_from: checkpoint {path} does not exist")
         return path
 
+    def resumable(self, path: Path, engine: Engine) -> bool:
+        """Whether the ``"auto"`` checkpoint ``path`` is an interrupted run of this run's settings."""
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (torch raises several types for a file that is no checkpoint)
+            raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e}); delete it to start afresh") from e
+        if self.fingerprint is not None and checkpoint.get("fingerprint") != self.fingerprint:
+            logger.warning(f"{path} is of a run with other settings (fingerprint {checkpoint.get('fingerprint')}, "
+                           f"this run {self.fingerprint}): not resuming it, training from the start")
+            return False
+        done = int(checkpoint.get("trainer", {}).get("iteration", 0))
+        total = int(engine.state.max_epochs or 0) * int(engine.state.epoch_length or 0)
+        if total and done >= total:
+            logger.info(f"{path} is of a finished run ({done} of {total} iterations): training again from the start")
+            return False
+        return True
+
     def attach(self, engine: Engine) -> None:
         path = self.resolve()
-        if path is None:
+        if path is None or (self.path == "auto" and not self.resumable(path, engine)):
             return
         from monai.handlers import CheckpointLoader
 

@@ -1,5 +1,6 @@
 """Slice-wise inference and 3D Dice evaluation shared by the segmentation bundles.
 
+- :class:`CenterCropSlicesd`: the authors' evaluation field of view, an in-plane centre crop of image and label;
 - :class:`SliceBatchInferer`: a MONAI :class:`~monai.inferers.Inferer` that runs a 2D network on all slices of
   a volume [B, C, H, W, D] as one batch (slices on the last axis, as data_prep writes them), padding each
   slice to a multiple of 16 (the U-Net's 4 down-samplings) and cropping back;
@@ -18,18 +19,42 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from ignite.engine import Engine, Events
+from monai.config import KeysCollection
 from monai.inferers import Inferer
+from monai.transforms import InvertibleTransform, MapTransform
 
-from .engine import _is_main_process, atomic_save, bf16_autocast
+from .engine import _is_main_process, atomic_file, atomic_save, bf16_autocast
 
 logger = logging.getLogger("bim")
+
+
+class CenterCropSlicesd:
+    """Dictionary transform: the centre ``size`` x ``size`` window of every slice of ``keys`` ([C, H, W, D] volumes,
+    slices on the last axis), zero-padded where a slice is smaller: the authors' evaluation field of view on ACDC
+    (``CenterCrop(224)``). ``size`` None leaves the data as it is (the whole slice, the bundles' default)."""
+
+    def __init__(self, keys, size: int | None = None) -> None:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"eval_center_crop must be null (the whole slice) or a positive int of pixels, got {size!r}")
+        self.keys, self.size = ([keys] if isinstance(keys, str) else list(keys)), size
+
+    def __call__(self, data: dict) -> dict:
+        if self.size is None:
+            return data
+        from monai.data import MetaTensor
+        from monai.transforms import ResizeWithPadOrCrop
+
+        crop, out = ResizeWithPadOrCrop((self.size, self.size, -1)), dict(data)
+        for k in self.keys:
+            y = crop(data[k])
+            out[k] = y if isinstance(data[k], MetaTensor) or not isinstance(y, MetaTensor) else y.as_tensor()
+        return out
 
 
 class SliceBatchInferer(Inferer):
@@ -97,17 +122,10 @@ def dice_metric_handler(save_details: bool = True):
 
 
 def atomic_write_text(text: str, path: Path) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    """Write ``text`` to ``path`` through :func:`~bim.engine.atomic_file`: never half-written, mode 0644."""
+    with atomic_file(path) as tmp:
+        Path(tmp).write_text(text)
+    return Path(path)
 
 
 def _unwrap(network):
@@ -119,13 +137,32 @@ class BestMetricSaver:
     """Attached to the validation evaluator: after each validation whose ``metric_name`` beats the best so far,
     writes the network's weights as a plain state dict to ``output_dir/model.pt`` (atomically; loadable with
     ``torch.load(..., weights_only=True)``) and ``output_dir/best_metric.json`` (metric, epoch, iteration and
-    ``info``). ``state_dict``/``load_state_dict`` let a resumed run continue the comparison."""
+    ``info``). ``state_dict``/``load_state_dict`` let a resumed run continue the comparison.
+
+    A good model is never replaced by a worse one: when ``output_dir`` already holds a ``model.pt`` with its
+    ``best_metric.json`` from an earlier run (a second MONAI Label train request, say), this run replaces it only
+    with weights that score higher than that record; until then its best weights go to ``model_new.pt``
+    (+ ``best_metric_new.json``) and each such validation logs a warning saying which model was kept."""
 
     def __init__(self, network, output_dir: str, metric_name: str = "val_mean_dice", info: dict | None = None,
                  filename: str = "model.pt") -> None:
         self.network, self.output_dir, self.metric_name = network, Path(output_dir), metric_name
         self.info, self.filename = dict(info or {}), filename
         self.best, self.best_epoch = -math.inf, -1
+        self.previous = self.previous_record()
+
+    def previous_record(self) -> dict | None:
+        """``best_metric.json`` of the model already in ``output_dir`` (None when there is none)."""
+        record_path = self.output_dir / "best_metric.json"
+        if not (self.output_dir / self.filename).is_file() or not record_path.is_file():
+            return None
+        try:
+            record = json.loads(record_path.read_text())
+            float(record["value"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{record_path}: not a best_metric.json written by training ({e}); delete it or train "
+                             f"into another output_dir") from e
+        return record
 
     def state_dict(self) -> dict:
         return {"best": torch.tensor(self.best, dtype=torch.float64), "best_epoch": torch.tensor(self.best_epoch)}
@@ -143,14 +180,24 @@ class BestMetricSaver:
             logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} (best {self.best:.4f} at epoch {self.best_epoch})")
             return
         self.best, self.best_epoch = value, epoch
-        logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / self.filename}")
+        filename, record_name = self.filename, "best_metric.json"
+        previous = None if self.previous is None else float(self.previous["value"])
+        if previous is not None and value <= previous:
+            filename, record_name = f"{Path(self.filename).stem}_new.pt", "best_metric_new.json"
+            logger.warning(
+                f"epoch {epoch}: {self.metric_name} {value:.4f} is this run's best but not above the {previous:.4f} "
+                f"of the {self.filename} already in {self.output_dir} (epoch {self.previous.get('epoch')} of an "
+                f"earlier run, best_metric.json): keeping that model; this run's best weights go to {filename}"
+            )
+        else:
+            logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / filename}")
         if not _is_main_process():
             return
         state = {k: v.detach().cpu() for k, v in _unwrap(self.network).state_dict().items()}
-        atomic_save(state, self.output_dir / self.filename)
+        atomic_save(state, self.output_dir / filename)
         record = {"metric": self.metric_name, "value": value, "epoch": epoch,
-                  "checkpoint": (self.output_dir / self.filename).as_posix(), **self.info}
-        atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / "best_metric.json")
+                  "checkpoint": (self.output_dir / filename).as_posix(), **self.info}
+        atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / record_name)
 
 
 class ValidateAtEnd:
@@ -336,14 +383,86 @@ def nifti_items(path: str | os.PathLike | None) -> list[dict]:
     return [{"image": f.resolve().as_posix()} for f in files]
 
 
-def inplane_resampling(keys, task: str, pixdim: float = 1.0, prostate_size: int = 256):
-    """The in-plane geometry step of data_prep as an invertible MONAI transform: ``Spacingd`` to
-    ``pixdim`` x ``pixdim`` mm keeping the slice spacing (ACDC tasks), or ``Resized`` of every slice to
-    ``prostate_size`` x ``prostate_size`` keeping the slice count (``prostate``, as data_prep promise12)."""
-    from monai.transforms import Resized, Spacingd
+class InplaneResampled(MapTransform, InvertibleTransform):
+    """The in-plane geometry step of data_prep as an invertible dictionary transform of ``keys`` (channel-first
+    volumes [C, H, W, D]): resampling to ``pixdim`` x ``pixdim`` mm keeping the slice spacing (ACDC tasks), or
+    resizing every slice to ``prostate_size`` x ``prostate_size`` keeping the slice count (``prostate``, as
+    data_prep promise12). ``mode``: one interpolation per key (``bilinear`` for images, ``nearest`` for labels).
 
-    from .tasks import get_task
+    Unlike MONAI's ``Spacingd`` it leaves the other entries of the item alone: ``Spacingd`` updates every
+    ``<key>_*`` entry with the resampled meta data, which breaks on the string ``image_path`` that MONAI Label
+    adds to an inference request and would give ``image_meta_dict`` (from which MONAI Label writes the mask's
+    affine) the resampled geometry instead of the input's."""
 
-    if get_task(task).name == "prostate":
-        return Resized(keys=keys, spatial_size=(prostate_size, prostate_size, -1), mode="bilinear")
-    return Spacingd(keys=keys, pixdim=(pixdim, pixdim, -1), mode="bilinear")
+    def __init__(self, keys: KeysCollection, task: str, pixdim: float = 1.0, prostate_size: int = 256,
+                 mode="bilinear", allow_missing_keys: bool = False) -> None:
+        from monai.transforms import Resize, Spacing
+        from monai.utils import ensure_tuple_rep
+
+        from .tasks import get_task
+
+        super().__init__(keys, allow_missing_keys)
+        self.mode = ensure_tuple_rep(mode, len(self.keys))
+        if get_task(task).name == "prostate":
+            self.resampler = Resize(spatial_size=(int(prostate_size), int(prostate_size), -1))
+        else:
+            self.resampler = Spacing(pixdim=(float(pixdim), float(pixdim), -1))
+
+    def __call__(self, data):
+        d = dict(data)
+        for key, mode in self.key_iterator(d, self.mode):
+            d[key] = self.resampler(d[key], mode=mode)
+        return d
+
+    def inverse(self, data):
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.resampler.inverse(d[key])
+        return d
+
+
+def inplane_resampling(keys, task: str, pixdim: float = 1.0, prostate_size: int = 256, mode="bilinear"):
+    """The in-plane geometry step of data_prep for the scans of ``task`` (see :class:`InplaneResampled`)."""
+    return InplaneResampled(keys, task, pixdim=pixdim, prostate_size=prostate_size, mode=mode)
+
+
+def scan_preparation(keys, task: str, pixdim: float = 1.0, prostate_size: int = 256, label_keys=()):
+    """data_prep's preparation of a raw scan as invertible MONAI transforms: the in-plane resampling of
+    :class:`InplaneResampled` (images ``keys`` bilinear, ``label_keys`` nearest), then each image's own 1 % / 99 %
+    intensity percentiles mapped to [0, 1] and clipped. inference.json and the training of raw scans
+    (:class:`PrepareRawScand`) both use it, so a model sees the same input in training and in inference."""
+    from monai.transforms import Compose, ScaleIntensityRangePercentilesd
+    from monai.utils import ensure_tuple
+
+    keys, label_keys = list(ensure_tuple(keys)), list(ensure_tuple(label_keys))
+    modes = ["bilinear"] * len(keys) + ["nearest"] * len(label_keys)
+    return Compose([
+        InplaneResampled(keys + label_keys, task, pixdim=pixdim, prostate_size=prostate_size, mode=modes),
+        ScaleIntensityRangePercentilesd(keys=keys, lower=1, upper=99, b_min=0.0, b_max=1.0, clip=True),
+    ])
+
+
+PREPARED_KEY = "prepared"
+
+
+def is_prepared(item) -> bool:
+    """Whether ``item`` is a scan written by data_prep (its datalists' items carry ``"prepared": True``, see
+    :func:`bim.data.read_items`); any other item is a raw scan, e.g. one of a MONAI Label datastore."""
+    value = item.get(PREPARED_KEY, False)
+    if hasattr(value, "item"):  # collated into a tensor by a data loader
+        value = bool(value.reshape(-1)[0])
+    return bool(value)
+
+
+class PrepareRawScand(MapTransform):
+    """Applies :func:`scan_preparation` to the channel-first ``image`` (and ``label``) of a raw scan and leaves a
+    scan prepared by data_prep (:func:`is_prepared`) as it is: training and validation then read a MONAI Label
+    datastore's raw NIfTI scans as inference does, and data_prep's output unchanged."""
+
+    def __init__(self, keys: KeysCollection, task: str, pixdim: float = 1.0, prostate_size: int = 256,
+                 label_keys=(), allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.prepare = scan_preparation(self.keys, task, pixdim, prostate_size, label_keys)
+
+    def __call__(self, data):
+        return dict(data) if is_prepared(data) else self.prepare(dict(data))

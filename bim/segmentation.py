@@ -22,6 +22,7 @@ from torch import nn
 
 from .data import SliceStore, read_items
 from .engine import bf16_autocast
+from .inference import is_prepared
 from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
 from .tasks import SegmentationTask, get_task, labelled_key
 
@@ -152,17 +153,20 @@ def evaluation_items(dataset_dir: str | os.PathLike | None, key: str) -> list[di
 
 def task_slice_store(dataset, task: str | SegmentationTask, device="cpu") -> SliceStore:
     """A :class:`SliceStore` of the labelled scans of ``dataset`` (a MONAI dataset of
-    ``bim.data.volume_loader(with_label=True)``) whose labels are the class indices of ``task``."""
+    ``bim.data.volume_loader(with_label=True, task=...)``) whose labels are the class indices of ``task``: data_prep's
+    label values of prepared scans mapped, raw scans' labels checked to hold the class indices already (see
+    :meth:`~bim.tasks.SegmentationTask.map_labels`). Raw scans of different in-plane sizes are zero-padded to a
+    common size."""
     task = get_task(task)
-    store = SliceStore.from_dataset(dataset, device="cpu")
+    store = SliceStore.from_dataset(dataset, device="cpu", pad_to_common=True)
     if store.label is None:
         raise ValueError("task_slice_store: the scans carry no labels")
-    # map per scan so that an error names the scan
+    # map per scan so that an error names the scan's label file
     mapped = torch.empty_like(store.label)
     for i, scan in enumerate(store.scans):
         sl = store.scan_slices(i)
         item = store.items[i] if i < len(store.items) else {}
-        mapped[sl] = task.map_labels(store.label[sl], source=item.get("label", scan))
+        mapped[sl] = task.map_labels(store.label[sl], source=item.get("label", scan), prepared=is_prepared(item))
     store.label = mapped
     counts = torch.bincount(mapped.flatten().long(), minlength=task.num_classes).tolist()
     logger.info(

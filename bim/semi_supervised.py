@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 from collections.abc import Iterator, Sequence
 
@@ -38,11 +39,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .data import RandomSliceSampler, SliceStore
+from .data import RandomSliceSampler, SliceStore, read_items
 from .engine import bf16_autocast
 from .flags import as_flag
 from .gpu_augment import random_affine_matrices, warp
+from .inference import is_prepared
 from .segmentation import labelled_cross_entropy
+
+logger = logging.getLogger("bim")
 
 METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
 TEACHER_METHODS = ("mean_teacher", "ua_mt", "ict")
@@ -214,8 +218,11 @@ class PairedSliceSampler:
         if unlabelled_batch_size and unlabelled is None:
             raise ValueError("unlabelled_batch_size > 0 needs an unlabelled store")
         if unlabelled is not None and unlabelled.spatial_size != labelled.spatial_size:
-            raise ValueError(f"labelled slices are {labelled.spatial_size}, unlabelled {unlabelled.spatial_size}: "
-                             "prepare both with the same size")
+            # e.g. raw scans of a MONAI Label datastore beside a prepared unlabelled set: pad both to one size
+            common = tuple(max(a, b) for a, b in zip(labelled.spatial_size, unlabelled.spatial_size))
+            logger.info(f"labelled slices are {labelled.spatial_size}, unlabelled {unlabelled.spatial_size}: "
+                        f"both zero-padded to {common}")
+            labelled, unlabelled = labelled.padded(common), unlabelled.padded(common)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
         self.labelled = RandomSliceSampler(labelled, batch_size, generator)
         self.unlabelled = RandomSliceSampler(unlabelled, unlabelled_batch_size, generator) if unlabelled_batch_size else None
@@ -229,6 +236,25 @@ class PairedSliceSampler:
             if unl is not None:
                 out["unlabelled"] = next(unl)["image"]
             yield out
+
+
+def unlabelled_items(dataset_dir, labelled: list[dict], enabled: bool = True) -> list[dict]:
+    """The unlabelled scans: the ``training`` list of the data set at ``dataset_dir`` (data_prep's output; None:
+    the demo data set). Taking them from the synthetic demo set is refused when the labelled scans are not the
+    demo's own (raw scans, e.g. a MONAI Label datastore's): the demo phantoms are no unlabelled data for real
+    scans. ``enabled`` false (methods without unlabelled data): none."""
+    if not enabled:
+        return []
+    raw = [str(it.get("image")) for it in labelled if not is_prepared(it)]
+    if dataset_dir in (None, "", "None", "null") and raw:
+        raise ValueError(
+            f"meanteacher_seg needs unlabelled scans but dataset_dir is null, which would take them from the "
+            f"synthetic demo data set while the {len(raw)} labelled scans are raw scans from elsewhere (e.g. a MONAI "
+            f"Label datastore: {raw[0]}). Set dataset_dir in configs/train.json to a data set prepared with "
+            f"`python -m data_prep acdc|promise12|nifti SRC DST` whose 'training' list holds the unlabelled scans, "
+            f"or set method to 'supervised'."
+        )
+    return read_items(dataset_dir, "training")
 
 
 def unlabelled_store(dataset, enabled: bool = True, device="cpu") -> SliceStore | None:

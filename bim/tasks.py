@@ -18,6 +18,8 @@ from monai.config import KeysCollection
 from monai.data import MetaTensor
 from monai.transforms import MapTransform
 
+from .inference import is_prepared
+
 
 @dataclass(frozen=True)
 class SegmentationTask:
@@ -43,17 +45,30 @@ class SegmentationTask:
         """MONAI's ``channel_def`` of the prediction: ``{"0": "background", "1": "LV", ...}``."""
         return {str(i): n for i, n in enumerate(self.class_names)}
 
-    def lookup_table(self) -> torch.Tensor:
-        """int64 [256] table: class index of each uint8 label value, -1 where the value is not mappable."""
+    def accepted_labels(self, prepared: bool = True) -> Mapping[int, int]:
+        """Label value -> class index: ``label_map`` for data_prep's labels, the identity on the class indices
+        for a raw scan's label (see :meth:`map_labels`)."""
+        return self.label_map if prepared else {i: i for i in range(self.num_classes)}
+
+    def lookup_table(self, prepared: bool = True) -> torch.Tensor:
+        """int64 [256] table: class index of each uint8 label value, -1 where the value is not accepted."""
         table = torch.full((256,), -1, dtype=torch.long)
-        for value, cls in self.label_map.items():
+        for value, cls in self.accepted_labels(prepared).items():
             table[int(value)] = int(cls)
         return table
 
-    def map_labels(self, label, source: str | None = None):
+    @property
+    def output_encoding(self) -> str:
+        """The class indices the network predicts, e.g. ``0 background, 1 LV``."""
+        return ", ".join(f"{i} {n}" for i, n in enumerate(self.class_names))
+
+    def map_labels(self, label, source: str | None = None, prepared: bool = True):
         """Class indices of ``label`` (tensor or array of label values, any shape), same type and shape,
-        dtype uint8. Raises ``ValueError`` naming ``source``, the offending values and the task's accepted
-        values when a value cannot be mapped."""
+        dtype uint8. ``prepared``: ``label`` holds data_prep's label values (ACDC 0-3, PROMISE12 0-1), mapped by
+        ``label_map``; otherwise (a raw scan's label, e.g. from a MONAI Label datastore) it already holds the
+        class indices the network predicts (:attr:`output_encoding`; for ``lv``: 0 background, 1 LV). Raises
+        ``ValueError`` naming ``source``, the offending values and the accepted ones when a value does not fit."""
+        label_map = self.accepted_labels(prepared)
         is_numpy = isinstance(label, np.ndarray)
         lab = torch.as_tensor(label)
         if lab.is_floating_point():
@@ -63,14 +78,20 @@ class SegmentationTask:
             lab = rounded
         lab = lab.long()
         values = torch.unique(lab).cpu()
-        known = set(int(v) for v in self.label_map)
+        known = set(int(v) for v in label_map)
         bad = [int(v) for v in values if int(v) not in known]
-        if bad:
+        if bad and prepared:
             raise ValueError(
                 f"{self._where(source)}label values {bad} cannot be mapped by task {self.name!r} "
                 f"(accepted values: {sorted(known)}; {self.description}). Was the data set prepared for another task?"
             )
-        out = self.lookup_table().to(lab.device)[lab].to(torch.uint8)
+        if bad:
+            raise ValueError(
+                f"{self._where(source)}label values {bad} do not fit task {self.name!r}: the label of a raw scan "
+                f"holds the class indices the model predicts ({self.output_encoding}), accepted values "
+                f"{sorted(known)}"
+            )
+        out = self.lookup_table(prepared).to(lab.device)[lab].to(torch.uint8)
         if is_numpy:
             return out.cpu().numpy()
         if isinstance(label, MetaTensor):  # keep its affine, meta data and applied operations
@@ -85,8 +106,8 @@ class SegmentationTask:
 # ACDC's labelled augmentation: the pre-training transform T's ranges (rotation ±45°, zoom 0.8-1.3, gamma 0.5-2).
 # At the paper's fine-tuning length (10,000 iterations, 1 labelled scan) it lifted the baseline's test Dice on LV from
 # 33 to 55 (3 seeds) and on Myo from 29 to 53 (2 seeds), RV unchanged, and changed the full method's by -1 to +7
-# points, +3 on average (calls N, docs/results/README.md). The light ranges it replaced (±15°, 0.9-1.1, no gamma) are
-# kept by the acdc_fast preset.
+# points, +3 on average (rows `[long]` against `Baseline` in docs/results/acdc_paper_length). The light ranges it
+# replaced (±15°, 0.9-1.1, no gamma) are kept by the acdc_fast preset.
 ACDC_AUGMENTATION = {"max_rotation_deg": 45.0, "scale_range": (0.8, 1.3), "gamma_range": (0.5, 2.0)}
 
 TASKS: dict[str, SegmentationTask] = {
@@ -122,7 +143,9 @@ def labelled_key(split_seed: int, labelled_scans: int) -> str:
 
 class MapTaskLabelsd(MapTransform):
     """Dictionary transform: replace the label values of ``keys`` by the class indices of ``task``
-    (see :meth:`SegmentationTask.map_labels`); the error names the scan (``source_key`` of the item)."""
+    (see :meth:`SegmentationTask.map_labels`: data_prep's label values for a prepared scan, the class indices
+    themselves for a raw one, :func:`bim.inference.is_prepared`); the error names the scan (``source_key`` of the
+    item, else the label's file)."""
 
     def __init__(self, keys: KeysCollection, task: str | SegmentationTask, source_key: str = "scan",
                  allow_missing_keys: bool = False) -> None:
@@ -136,7 +159,8 @@ class MapTaskLabelsd(MapTransform):
             source = d.get(self.source_key)
             if source is None and hasattr(d[key], "meta"):
                 source = d[key].meta.get("filename_or_obj")
-            d[key] = self.task.map_labels(d[key], source=str(source) if source is not None else None)
+            d[key] = self.task.map_labels(d[key], source=str(source) if source is not None else None,
+                                          prepared=is_prepared(d))
         return d
 
 

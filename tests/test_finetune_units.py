@@ -46,7 +46,7 @@ def test_multiclass_and_prostate_tasks():
 
 
 def test_acdc_tasks_augment_with_t_ranges_and_prostate_keeps_the_light_ones():
-    # measured at the paper's length (docs/results, calls N): T's ranges lift the ACDC baseline by 20+ points
+    # measured at the paper's length (docs/results/acdc_paper_length): T's ranges lift the ACDC baseline by 20+ points
     for name in ("lv", "rv", "myo", "acdc"):
         task = get_task(name)
         assert (task.max_rotation_deg, task.scale_range, task.gamma_range) == (45.0, (0.8, 1.3), (0.5, 2.0)), name
@@ -86,11 +86,21 @@ def test_map_task_labels_dict_transform_keeps_meta():
     from monai.data import MetaTensor
 
     lab = MetaTensor(torch.tensor([[[0, 3], [2, 3]]]), affine=torch.diag(torch.tensor([2.0, 2.0, 5.0, 1.0])))
-    out = MapTaskLabelsd("label", "lv")({"label": lab, "scan": "p1"})["label"]
+    out = MapTaskLabelsd("label", "lv")({"label": lab, "scan": "p1", "prepared": True})["label"]
     assert isinstance(out, MetaTensor) and out.tolist() == [[[0, 1], [0, 1]]]
     assert torch.equal(out.affine, lab.affine)
     with pytest.raises(ValueError, match="p1: label values"):
-        MapTaskLabelsd("label", "lv")({"label": torch.tensor([9]), "scan": "p1"})
+        MapTaskLabelsd("label", "lv")({"label": torch.tensor([9]), "scan": "p1", "prepared": True})
+
+
+def test_raw_scan_labels_hold_the_class_indices():
+    """A raw scan's label (e.g. from a MONAI Label datastore) is in the model's output encoding: for lv, 1 is the
+    LV and is kept; ACDC's values 2 and 3 do not fit and are an error naming the file, never background."""
+    out = MapTaskLabelsd("label", "lv")({"label": torch.tensor([[0, 1], [1, 0]]), "scan": "p1"})["label"]
+    assert out.tolist() == [[0, 1], [1, 0]]
+    with pytest.raises(ValueError, match=r"lab\.nii\.gz: label values \[2, 3\] do not fit task 'lv': the label of a "
+                                         r"raw scan holds the class indices the model predicts \(0 background, 1 LV\)"):
+        get_task("lv").map_labels(torch.tensor([0, 1, 2, 3]), source="lab.nii.gz", prepared=False)
 
 
 # --------------------------------------------------------------------------------------------- pre-trained loading
@@ -258,7 +268,7 @@ def test_task_store_refuses_labels_the_task_cannot_map(tmp_path):
     lab[4:8, 4:8, 1] = 5
     nib.save(nib.Nifti1Image(img, np.eye(4)), tmp_path / "img.nii.gz")
     nib.save(nib.Nifti1Image(lab, np.eye(4)), tmp_path / "lab.nii.gz")
-    item = {"image": str(tmp_path / "img.nii.gz"), "label": str(tmp_path / "lab.nii.gz"), "scan": "s0"}
+    item = {"image": str(tmp_path / "img.nii.gz"), "label": str(tmp_path / "lab.nii.gz"), "scan": "s0", "prepared": True}
     with pytest.raises(ValueError, match=r"lab\.nii\.gz: label values \[5\] cannot be mapped by task 'lv'"):
         task_slice_store(Dataset([item], transform=volume_loader(True)), "lv")
     lab[lab == 5] = 3

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -r requirements.txt
+python3 -m pip install -q --no-deps -r requirements-monailabel.txt
 exec python3 -m pytest -q -p no:cacheprovider tests "$@"
