@@ -424,7 +424,7 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
 
 
 @pytest.mark.parametrize("bundle, key", [("pretrain_bim", "cluster_quality"), ("finetune_seg", "amp"),
-                                         ("meanteacher_seg", "unlabelled_bn_stats")])
+                                         ("meanteacher_seg", "compile_teacher")])
 def test_a_boolean_key_given_as_a_lowercase_string_stops_the_run_with_the_key_named(bundle, key, tmp_path, demo_dataset):
     """``monai.bundle run ... --amp false`` hands the string 'false' over, which ``if @amp`` takes for true: every
     training entry point (train.json, multi_gpu_train.json) checks its boolean keys first and names the one."""
