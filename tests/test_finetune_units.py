@@ -472,7 +472,7 @@ def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is
             parser.read_config(str(ROOT / "bundles" / bundle / "configs" / "train.json"))
             assert parser.get_parsed_content("train#trainer#loss_function") is labelled_cross_entropy
             if bundle == "meanteacher_seg":  # the semi-supervised step's labelled term is that same loss
-                assert parser["train#step#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
+                assert parser["train#step_settings#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
         finally:
             sys.path.remove(str(ROOT / "bundles" / bundle))
 
