@@ -49,9 +49,9 @@ def nifti_stem(path: Path) -> str:
     return Path(name).stem
 
 
-def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:
-    """Read a NIfTI file fully; returns (array, zooms, 4x4 voxel-to-world affine). Raises DataPrepError
-    when unreadable."""
+def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...], np.ndarray | None]:
+    """Read a NIfTI file fully; returns (array, zooms, 4x4 voxel-to-world affine, None when the header
+    has no world geometry: sform and qform codes 0). Raises DataPrepError when unreadable."""
     import nibabel as nib
 
     path = Path(path)
@@ -61,7 +61,9 @@ def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float
         img = nib.load(str(path))
         arr = np.asanyarray(img.dataobj)
         zooms = tuple(float(z) for z in img.header.get_zooms())
-        affine = np.asarray(img.affine, dtype=np.float64)
+        hdr = img.header
+        placed = int(hdr["sform_code"]) > 0 or int(hdr["qform_code"]) > 0
+        affine = np.asarray(img.affine, dtype=np.float64) if placed else None
     except Exception as e:  # nibabel raises many kinds (ImageFileError, EOFError, zlib.error, ...)
         raise DataPrepError(
             f"{path}: cannot read as NIfTI ({type(e).__name__}: {e}); expected a readable 3D NIfTI {what}"
@@ -99,8 +101,8 @@ def read_metaimage(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[f
     return np.ascontiguousarray(arr.transpose(2, 1, 0)), spacing, affine
 
 
-def read_volume(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, float, float], np.ndarray]:
-    """Read .nii/.nii.gz/.mhd, check it is 3D; returns ((x, y, z) array, 3 spacings, 4x4 affine)."""
+def read_volume(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, float, float], np.ndarray | None]:
+    """Read .nii/.nii.gz/.mhd, check it is 3D; returns ((x, y, z) array, 3 spacings, 4x4 affine or None)."""
     path = Path(path)
     if path.name.endswith(".mhd"):
         arr, zooms, affine = read_metaimage(path, what)
@@ -161,28 +163,33 @@ def _grid(shape, affine) -> str:
             f"origin {tuple(round(float(o), 2) for o in np.asarray(affine)[:3, 3])} mm, axes {axes}")
 
 
-def label_on_image_grid(lab: np.ndarray, lab_affine: np.ndarray, lab_path: Path,
-                        img_shape: Sequence[int], img_affine: np.ndarray, img_path: Path) -> np.ndarray:
+def label_on_image_grid(lab: np.ndarray, lab_affine: np.ndarray | None, lab_path: Path,
+                        img_shape: Sequence[int], img_affine: np.ndarray | None, img_path: Path) -> np.ndarray:
     """The label in the image's voxel grid, matched through both files' world geometry (affines).
 
     Same grid: as is. The same grid stored in another axis order or mirrored (a flipped axis with its
     affine flipped too): reoriented exactly. Another grid covering the image (other voxel size,
     shift, rotation): resampled nearest-neighbour. A label that does not cover every image voxel, or
-    an unusable affine with another shape: DataPrepError naming both files and both grids.
+    another shape where a file has no usable world geometry (affine None or singular): DataPrepError
+    naming both files and both grids.
     """
     img_shape = tuple(int(n) for n in img_shape)
-    with np.errstate(all="ignore"):
-        try:
-            vox = np.linalg.inv(np.asarray(lab_affine, np.float64)) @ np.asarray(img_affine, np.float64)
-        except np.linalg.LinAlgError:
-            vox = None
+    vox = None
+    if lab_affine is not None and img_affine is not None:
+        with np.errstate(all="ignore"):
+            try:
+                vox = np.linalg.inv(np.asarray(lab_affine, np.float64)) @ np.asarray(img_affine, np.float64)
+            except np.linalg.LinAlgError:
+                pass
     if vox is None or not np.isfinite(vox).all():
         if tuple(lab.shape) == img_shape:
-            log.warning("%s: label or image affine unusable; label taken on the image's voxel grid", lab_path)
+            log.info("%s: label or image %s has no usable world geometry (affine); the label is taken on the "
+                     "image's voxel grid (same shape)", lab_path, img_path)
             return lab
         raise DataPrepError(
-            f"{lab_path}: label shape {tuple(lab.shape)} does not match image shape {img_shape} of {img_path} "
-            "and an affine is singular, so the label cannot be placed on the image; expected the same voxel grid"
+            f"{lab_path}: label shape {tuple(lab.shape)} does not match image shape {img_shape} of {img_path}, "
+            "and the label or the image has no usable world geometry (NIfTI sform/qform codes 0, or a singular "
+            "affine) to place one on the other; expected the same voxel grid"
         )
     if tuple(lab.shape) == img_shape and np.abs(vox - np.eye(4)).max() <= GRID_TOL:
         return lab
@@ -504,7 +511,7 @@ def check_destination(dst: Path, dataset: str, source: Path | None, overwrite: b
 
 def check_inputs_kept(dst: Path, inputs: Sequence, overwrite: bool) -> None:
     """Refuse a DST whose replacement would delete input data: DST is an input, contains one, or (with
-    --overwrite, when DST exists) lies inside one."""
+    --overwrite) is an existing folder inside one that is no data_prep output."""
     d = Path(dst).absolute().resolve()
     for given in inputs:
         if given is None:
@@ -520,10 +527,11 @@ def check_inputs_kept(dst: Path, inputs: Sequence, overwrite: bool) -> None:
                 f"{dst}: the destination contains the input {given}; replacing it would delete the raw data; "
                 "expected a DST outside the input"
             )
-        if overwrite and src in d.parents and d.exists():
+        ours = (_existing_dataset(d) or {}).get("created_by") == CREATED_BY
+        if overwrite and src in d.parents and d.exists() and not ours:
             raise DataPrepError(
-                f"{dst}: lies inside the input {given}, and --overwrite would delete it with whatever raw data "
-                f"it holds; expected a DST outside the input (or remove {dst} yourself first)"
+                f"{dst}: lies inside the input {given} and is no data_prep output; --overwrite would delete it "
+                f"with whatever raw data it holds; expected a DST outside the input (or remove {dst} yourself first)"
             )
 
 

@@ -173,11 +173,12 @@ def test_authors_unet_has_relu_no_bias_bn_momentum_001_and_nearest_upsampling():
 
 
 def test_authors_decoder_features_are_post_relu():
-    from bim.network import unet_embeddings
+    from bim.pretrain.model import BIMClusterNet
 
-    net = build_unet(1, 2, features=(8, 8, 16, 16, 32, 8), unet_style="authors").eval()
-    _, dense = unet_embeddings(net, torch.rand(2, 1, 32, 32))
+    net = BIMClusterNet(num_clusters=4, num_subheads=1, features=(8, 8, 16, 16, 32, 8), unet_style="authors").eval()
+    _, dense = net.embeddings(torch.rand(2, 1, 32, 32))
     assert float(dense.min()) >= 0.0
+    assert torch.jit.script(net)(torch.rand(1, 1, 32, 32)).shape == (1, 4, 32, 32)  # the authors' decoder exports too
 
 
 def test_a_bad_unet_style_names_the_key():
@@ -289,3 +290,18 @@ def test_the_authors_length_is_50_epochs_of_300_iterations(demo_dataset, tmp_pat
     lr = wf.parser.get_parsed_content("lr_scheduler").lr_lambdas[0]
     assert lr(3_000) == pytest.approx(1.0) and lr(1_500) < 1.0  # warm-up over 10 epochs of 300
     assert lr(14_999) < lr(9_000) < 1.0
+
+
+@pytest.mark.parametrize("bundle", ["finetune_seg", "meanteacher_seg"])
+def test_segmentation_bundles_score_the_centre_crop_and_build_the_authors_unet(bundle):
+    from monai.bundle import ConfigParser
+
+    from bim.inference import CenterCropSlicesd
+
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
+    parser["eval_center_crop"], parser["unet_style"] = 64, "authors"
+    crops = [t for t in parser.get_parsed_content("validate#preprocessing").transforms if isinstance(t, CenterCropSlicesd)]
+    assert len(crops) == 1 and crops[0].size == 64 and crops[0].keys == ["image", "label"]
+    net = parser.get_parsed_content("network_def")
+    assert isinstance(net.upcat_1.upsample[0], nn.Upsample)

@@ -245,6 +245,20 @@ def test_label_stored_mirrored_or_permuted_is_put_on_the_image_grid(tmp_path, ca
     np.testing.assert_array_equal(got, want)
 
 
+def test_label_without_world_geometry_is_used_only_on_the_same_grid(tmp_path):
+    lab = _asymmetric_label()
+    img = nib.Nifti1Image(lab, None)  # no affine given: sform and qform codes 0, no world positions
+    assert int(img.header["sform_code"]) == int(img.header["qform_code"]) == 0
+    want = _prepared_label(_scan_pair(tmp_path / "same", lab, _IMG_AFFINE), tmp_path / "want")
+    src = _scan_pair(tmp_path / "nogeo", lab, None)
+    np.testing.assert_array_equal(_prepared_label(src, tmp_path / "o1"), want)  # same shape: the image's grid
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(lab[2:]), None), src / "s1_seg.nii.gz")
+    dst = tmp_path / "o2"
+    _fails(lambda: nifti.prepare(src, dst, size=32), dst, str(src / "s1_seg.nii.gz"), str(src / "s1.nii.gz"),
+           "label shape (38, 36, 4) does not match image shape (40, 36, 4)", "no usable world geometry",
+           "expected the same voxel grid")
+
+
 def test_label_grid_not_covering_the_image_is_one_clear_error(tmp_path):
     shifted = _IMG_AFFINE.copy()
     shifted[0, 3] += 3 * 1.5  # 3 voxels along x: the image's first 3 columns have no label
@@ -331,6 +345,11 @@ def test_overwrite_never_deletes_the_source(src, tmp_path):
     with pytest.raises(DataPrepError, match="the destination contains the input .*split.json"):
         acdc.prepare(src, tmp_path / "out", size=32, split=split)
     assert split.read_text() == "{}"
+    inside = src / "prepared"  # a data_prep output inside SRC may be replaced, with or without --overwrite
+    acdc.prepare(src, inside, size=32)
+    acdc.prepare(src, inside, size=32, overwrite=True)
+    assert (inside / "datalist.json").is_file()
+    shutil.rmtree(inside)
     lab_dir = _p2(src)  # nifti: the labels folder is an input too
     with pytest.raises(DataPrepError, match="the destination is the input"):
         nifti.prepare(src / "training" / "patient001", lab_dir, labels_dir=lab_dir, label_suffix="_gt", overwrite=True)

@@ -26,7 +26,7 @@ def last_line_of(fn) -> str:
 
 CONFIGS = [("pretrain_bim", "train.json", "cluster_quality"), ("pretrain_bim", ["train.json", "evaluate.json"], "amp"),
            ("finetune_seg", "train.json", "amp"), ("finetune_seg", ["train.json", "evaluate.json"], "amp"),
-           ("finetune_seg", "inference.json", "amp"), ("meanteacher_seg", "train.json", "unlabelled_bn_stats"),
+           ("finetune_seg", "inference.json", "amp"), ("meanteacher_seg", "train.json", "compile_teacher"),
            ("meanteacher_seg", "inference.json", "amp")]
 
 

@@ -34,7 +34,8 @@ class ReportSpec:
     run by run. ``per_scan_methods``: the rows of those per-scan sections. ``lr_pools``: ``{name: [rows]}`` pooled in
     the LR-choice table. ``order_against``: another report's ``table_cells.json`` (named ``order_against_name``) whose
     row order each table is also counted against. ``tags``: what each tag was for. ``panels_note``: markdown closing
-    the cluster maps' section."""
+    the cluster maps' section. ``renamed``: ``{old: new}`` pre-training names as the page shows them (with the
+    fine-tunes' ``init``; a renamed pre-training's tag keeps what precedes a comma), the CSVs unchanged."""
 
     csvs: list
     title: str = "Results"
@@ -51,6 +52,7 @@ class ReportSpec:
     order_against_name: str = ""
     tags: dict = field(default_factory=dict)
     panels_note: str = ""
+    renamed: dict = field(default_factory=dict)
 
 
 def load_spec(folder) -> ReportSpec:
@@ -80,6 +82,11 @@ def load_spec(folder) -> ReportSpec:
 def report_rows(spec: ReportSpec) -> list[dict]:
     """The rows a report shows: the CSVs' rows narrowed to ``methods`` (and their pre-trainings), relabelled."""
     rows = read_rows(spec.csvs)
+    for r in rows:
+        if r.get("name") in spec.renamed:
+            r["name"], r["tag"] = spec.renamed[r["name"]], (r.get("tag") or "").split(",")[0]
+        if r.get("init") in spec.renamed:
+            r["init"] = spec.renamed[r["init"]]
     if spec.methods is not None:
         unknown = sorted(set(spec.methods) - {r.get("method") for r in rows if r.get("kind") != "pretrain"})
         if unknown:

@@ -324,6 +324,7 @@ def _stop_on_sigterm(running: dict, log):
         if _STOPPING.is_set():
             return
         _STOPPING.set()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM (timeout's to the group) cannot cut the stop short
         log(f"signal {signum}: stopping {len(running)} running run(s)")
         stop_children()
         raise SystemExit(128 + signum)
@@ -367,7 +368,7 @@ def run_grid(grid: list[Run], work_dir, jobs: int = 1, log=print, gpus=None) -> 
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 _finish(finished, running, done, failed, counts, log, t0)
     finally:
-        if in_main:
+        if in_main and not _STOPPING.is_set():  # once stopping, SIGTERM stays ignored until the runner exits
             signal.signal(signal.SIGTERM, previous_handler)
     counts["wall_s"] = round(time.perf_counter() - t0, 1)
     return counts
