@@ -223,3 +223,17 @@ class IterationProgressBar:
         from ignite.handlers import ProgressBar
 
         ProgressBar(persist=False).attach(engine)
+
+
+def handlers_for_rank(handlers: list, rank0_only, rank: int | None = None) -> list:
+    """``handlers`` for this process of a multi-GPU run: all on rank 0; on the other ranks all but those whose class
+    is named in ``rank0_only`` (logging, panels, checkpoint files: work one process does for all). A handler added
+    later runs on every rank unless named here, and a name that matches no handler is a ``ValueError`` (a renamed
+    class cannot slip back onto every rank). ``rank``: ``torch.distributed``'s rank when None."""
+    names = {type(h).__name__ for h in handlers}
+    unknown = sorted(set(rank0_only) - names)
+    if unknown:
+        raise ValueError(f"rank0_only names {unknown}, which are not among the handlers {sorted(names)}")
+    if rank is None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return list(handlers) if rank == 0 else [h for h in handlers if type(h).__name__ not in set(rank0_only)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def as_flag(value, key: str) -> bool:
     """A bundle's boolean setting: a bool, or the strings ``true`` / ``false`` (any case) or ``1`` / ``0`` that a
-    command line gives (``--unlabelled_bn_stats false`` arrives as the string 'false', which Python's ``bool`` would
+    command line gives (``--amp false`` arrives as the string 'false', which Python's ``bool`` would
     take for true). Anything else is a ``ValueError`` naming ``key``."""
     if isinstance(value, bool):
         return value

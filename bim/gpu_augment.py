@@ -76,8 +76,13 @@ def random_affine_matrices(
     return mats
 
 
-def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None = None, mode: str = "bilinear") -> torch.Tensor:
-    """Resample ``x`` [B, C, H, W] on the grid given by ``matrices`` [B, 3, 3] (zero padding outside)."""
+def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None = None, mode: str = "bilinear",
+         fp32_grid: bool = False) -> torch.Tensor:
+    """Resample ``x`` [B, C, H, W] on the grid given by ``matrices`` [B, 3, 3] (zero padding outside).
+
+    ``grid_sample`` needs the grid in ``x``'s dtype: a bf16 ``x`` gets a bf16 grid, whose normalised coordinates
+    carry 8 significant bits (0.4 px at 224 px near the border). ``fp32_grid`` samples a low-precision ``x`` as
+    fp32 on the fp32 grid instead and returns fp32, so its sampling positions are those of an fp32 warp."""
     if x.ndim != 4:
         raise ValueError(f"warp expects a [B, C, H, W] tensor, got shape {tuple(x.shape)}")
     out_hw = tuple(x.shape[-2:]) if out_hw is None else tuple(out_hw)
@@ -87,6 +92,8 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
         if mode != "nearest":
             raise ValueError("integer tensors (labels) can only be warped with mode='nearest'")
         return F.grid_sample(x.float(), grid, mode="nearest", align_corners=False).to(x.dtype)
+    if fp32_grid and x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
     return F.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode="zeros", align_corners=False)
 
 
@@ -107,6 +114,55 @@ def random_intensity_jitter(
     return x * (1 + c.view(shape)) + b.view(shape)
 
 
+def brightness_contrast_jitter(
+    x: torch.Tensor, generator: torch.Generator | None = None, factor_range: tuple[float, float] = (0.5, 1.5)
+) -> torch.Tensor:
+    """torchvision-style ``ColorJitter(brightness, contrast)`` per image of ``x`` [B, C, H, W] in [0, 1]: brightness
+    ``x * b``, then contrast ``c * x + (1 - c) * mean(x)`` (the mean of each image), each clamped to [0, 1], with
+    b and c drawn independently from ``U(factor_range)`` for every image (the authors' view jitter: [0.5, 1.5])."""
+    lo, hi = float(factor_range[0]), float(factor_range[1])
+    shape = (-1, *([1] * (x.ndim - 1)))
+    b = _uniform(x.shape[0], lo, hi, generator).to(device=x.device, dtype=x.dtype).view(shape)
+    c = _uniform(x.shape[0], lo, hi, generator).to(device=x.device, dtype=x.dtype).view(shape)
+    x = (x * b).clamp(0.0, 1.0)
+    mean = x.mean(dim=tuple(range(1, x.ndim)), keepdim=True)
+    return (c * x + (1 - c) * mean).clamp(0.0, 1.0)
+
+
+def check_factor_range(name: str, value) -> tuple[float, float] | None:
+    """``value`` (None or [lo, hi] with 0 <= lo <= hi) as a tuple, or one ValueError naming ``name``."""
+    if value is None:
+        return None
+    if (isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value)
+            or not 0.0 <= float(value[0]) <= float(value[1])):
+        raise ValueError(f"{name} must be null or [low, high] with 0 <= low <= high (factors; the authors use "
+                         f"[0.5, 1.5]), got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def pretrain_views(
+    image: torch.Tensor,
+    crop_size: int,
+    generator: torch.Generator | None = None,
+    rotation_deg: float = 0.0,
+    jitter: tuple[float, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two views (x1, x2) of a pre-training batch of full slices ``image`` [B, 1, H, W].
+
+    One geometric transform per slice, shared by both views: a random ``crop_size`` crop, horizontal and vertical
+    flips (p = 0.5 each) and a rotation in ``±rotation_deg`` about the crop's centre (one ``grid_sample``). Then,
+    with ``jitter`` = [lo, hi], each view gets its own :func:`brightness_contrast_jitter`; with ``jitter`` None
+    there is one view (x1 is x2). The equivariant pair is then p_hat = g(s(T(x2))), p_tilde = g(T(s(x1)))."""
+    b = image.shape[0]
+    crop = crop_matrices(b, tuple(image.shape[-2:]), (crop_size, crop_size), generator)
+    geometry = random_affine_matrices(b, generator, (1.0, 1.0), float(rotation_deg), 0.0, flip_prob=0.5)
+    x = warp(image, crop @ geometry, (crop_size, crop_size))
+    if jitter is None:
+        return x, x
+    return brightness_contrast_jitter(x, generator, jitter), brightness_contrast_jitter(x, generator, jitter)
+
+
 @dataclass
 class PairParams:
     """Random state of one draw of the pair transform T, shared by its image and feature branches."""
@@ -115,12 +171,33 @@ class PairParams:
     gamma_image: torch.Tensor | None = None  # [B] gamma applied to the image branch only
 
 
+INTERPOLATIONS = ("bilinear", "nearest")
+GAMMA_SAMPLINGS = ("log_uniform", "uniform")
+
+
+def mirror_matrices(batch: int, generator: torch.Generator | None = None, prob: float = 0.0) -> torch.Tensor:
+    """[B, 3, 3] random mirrors: with probability ``prob`` an image is flipped along one axis, H or W with equal
+    chance (the authors' ``Mirror(dims=[0, 1], p_sample=0.9)`` of T); otherwise the identity. Draws nothing from
+    ``generator`` when ``prob`` is 0."""
+    mats = torch.eye(3, dtype=torch.float64).repeat(batch, 1, 1)
+    if prob > 0:
+        flip = torch.rand(batch, generator=generator, dtype=torch.float64) < prob
+        axis = torch.randint(0, 2, (batch,), generator=generator)  # 0: H (normalised y, row 1), 1: W (x, row 0)
+        idx = torch.arange(batch)
+        mats[idx[flip], 1 - axis[flip], 1 - axis[flip]] = -1.0
+    return mats
+
+
 class EquivariantPairTransform:
     """The paper's transform T for the pair p_hat = g(s(T(x))), p_tilde = g(T(s(x))).
 
-    On images T is gamma correction (``gamma_range``) followed by a random affine map (zoom ``scale_range``,
-    rotation ``±max_rotation_deg``, translation ``±max_translation``); on feature maps the *same* affine map
-    only, with no intensity change. :meth:`sample` draws one random state which both branches then use.
+    On images T is gamma correction (``gamma_range``, log-uniform or, ``gamma_sampling`` "uniform", the authors'
+    U(0.5, 2)) followed by a random affine map (zoom ``scale_range``, rotation ``±max_rotation_deg``, translation
+    ``±max_translation``) and, with probability ``mirror_prob``, a mirror along one axis (the authors: 0.9); on
+    feature maps the *same* geometric map only, with no intensity change. :meth:`sample` draws one random state
+    which both branches then use. ``interpolation``: "bilinear" or the authors' "nearest", for both branches.
+    ``feature_warp_fp32``: the feature branch samples bf16 features on an fp32 grid (see :func:`warp`), so its
+    positions match the image branch's under bf16 autocast.
     """
 
     def __init__(
@@ -129,30 +206,49 @@ class EquivariantPairTransform:
         scale_range: tuple[float, float] = (0.8, 1.3),
         max_rotation_deg: float = 45.0,
         max_translation: float = 0.1,
+        interpolation: str = "bilinear",
+        mirror_prob: float = 0.0,
+        gamma_sampling: str = "log_uniform",
+        feature_warp_fp32: bool = False,
     ) -> None:
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"t_interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+        if isinstance(mirror_prob, bool) or not isinstance(mirror_prob, (int, float)) or not 0.0 <= mirror_prob <= 1.0:
+            raise ValueError(f"t_mirror_prob must be a probability in [0, 1], got {mirror_prob!r}")
+        if gamma_sampling not in GAMMA_SAMPLINGS:
+            raise ValueError(f"t_gamma_sampling must be one of {GAMMA_SAMPLINGS}, got {gamma_sampling!r}")
+        if not isinstance(feature_warp_fp32, bool):
+            raise ValueError(f"feature_warp_fp32 must be true or false, got {feature_warp_fp32!r}")
         self.gamma_range = tuple(gamma_range) if gamma_range is not None else None
         self.scale_range = tuple(scale_range)
         self.max_rotation_deg = max_rotation_deg
         self.max_translation = max_translation
+        self.interpolation, self.mirror_prob = interpolation, float(mirror_prob)
+        self.gamma_sampling, self.feature_warp_fp32 = gamma_sampling, feature_warp_fp32
 
     def sample(self, batch: int, generator: torch.Generator | None = None) -> PairParams:
         affine = random_affine_matrices(batch, generator, self.scale_range, self.max_rotation_deg, self.max_translation)
         gamma = None
         if self.gamma_range is not None:
-            lo, hi = math.log(self.gamma_range[0]), math.log(self.gamma_range[1])
-            gamma = torch.exp(_uniform(batch, lo, hi, generator))
+            if self.gamma_sampling == "uniform":
+                gamma = _uniform(batch, self.gamma_range[0], self.gamma_range[1], generator)
+            else:
+                lo, hi = math.log(self.gamma_range[0]), math.log(self.gamma_range[1])
+                gamma = torch.exp(_uniform(batch, lo, hi, generator))
+        if self.mirror_prob > 0:  # mirror after the affine map (output side): M = A @ mirror
+            affine = affine @ mirror_matrices(batch, generator, self.mirror_prob)
         return PairParams(affine=affine, gamma_image=gamma)
 
     def apply_image(self, x: torch.Tensor, params: PairParams) -> torch.Tensor:
         if params.gamma_image is not None:
             g = params.gamma_image.to(device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
             x = x.clamp_min(0).pow(g)
-        return warp(x, params.affine)
+        return warp(x, params.affine, mode=self.interpolation)
 
     def apply_features(self, f: torch.Tensor, params: PairParams) -> torch.Tensor:
-        return warp(f, params.affine)
+        return warp(f, params.affine, mode=self.interpolation, fp32_grid=self.feature_warp_fp32)
 
     def valid_mask(self, params: PairParams, like: torch.Tensor) -> torch.Tensor:
         """[B, 1, H, W] mask of output pixels whose source lies inside the input (1) or in the padding (0)."""
         ones = torch.ones(like.shape[0], 1, *like.shape[-2:], device=like.device, dtype=torch.float32)
-        return (warp(ones, params.affine) > 0.999).to(torch.float32)
+        return (warp(ones, params.affine, mode=self.interpolation) > 0.999).to(torch.float32)

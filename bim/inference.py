@@ -1,5 +1,6 @@
 """Slice-wise inference and 3D Dice evaluation shared by the segmentation bundles.
 
+- :class:`CenterCropSlicesd`: the authors' evaluation field of view, an in-plane centre crop of image and label;
 - :class:`SliceBatchInferer`: a MONAI :class:`~monai.inferers.Inferer` that runs a 2D network on all slices of
   a volume [B, C, H, W, D] as one batch (slices on the last axis, as data_prep writes them), padding each
   slice to a multiple of 16 (the U-Net's 4 down-samplings) and cropping back;
@@ -31,6 +32,29 @@ from monai.transforms import InvertibleTransform, MapTransform
 from .engine import _is_main_process, atomic_file, atomic_save, bf16_autocast
 
 logger = logging.getLogger("bim")
+
+
+class CenterCropSlicesd:
+    """Dictionary transform: the centre ``size`` x ``size`` window of every slice of ``keys`` ([C, H, W, D] volumes,
+    slices on the last axis), zero-padded where a slice is smaller: the authors' evaluation field of view on ACDC
+    (``CenterCrop(224)``). ``size`` None leaves the data as it is (the whole slice, the bundles' default)."""
+
+    def __init__(self, keys, size: int | None = None) -> None:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"eval_center_crop must be null (the whole slice) or a positive int of pixels, got {size!r}")
+        self.keys, self.size = ([keys] if isinstance(keys, str) else list(keys)), size
+
+    def __call__(self, data: dict) -> dict:
+        if self.size is None:
+            return data
+        from monai.data import MetaTensor
+        from monai.transforms import ResizeWithPadOrCrop
+
+        crop, out = ResizeWithPadOrCrop((self.size, self.size, -1)), dict(data)
+        for k in self.keys:
+            y = crop(data[k])
+            out[k] = y if isinstance(data[k], MetaTensor) or not isinstance(y, MetaTensor) else y.as_tensor()
+        return out
 
 
 class SliceBatchInferer(Inferer):

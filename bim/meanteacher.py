@@ -5,20 +5,23 @@ from __future__ import annotations
 from monai.engines import SupervisedTrainer
 from monai.utils import CommonKeys as Keys
 
-from .semi_supervised import SemiSupervisedStep
+from .semi_supervised import SemiSupervisedMethod, check_method
 
 
 class SemiSupervisedTrainer(SupervisedTrainer):
     """One iteration, all on the device: the :class:`~bim.semi_supervised.PairedSliceSampler` gives a
-    labelled and an unlabelled batch of full slices; :class:`~bim.semi_supervised.SemiSupervisedStep`
+    labelled and an unlabelled batch of full slices; ``step``, a :class:`~bim.semi_supervised.SemiSupervisedMethod`,
     builds the views, runs the student (and the teacher / discriminator of the method), steps the optimisers and
-    updates the EMA teacher. The LR schedule is stepped per iteration by an ``LrScheduleHandler``.
+    updates the EMA teacher. ``method`` is the bundle's key of that name: it must name ``step``'s class in
+    :data:`~bim.semi_supervised.METHODS` (a ``ValueError`` naming the key and the known methods otherwise). The LR
+    schedule is stepped per iteration by an ``LrScheduleHandler``.
 
     The engine output holds ``loss`` (total), ``image``/``label``/``pred`` of the labelled student view and
     ``terms`` (``loss_sup``, ``loss_reg``, the ramped ``weight``, and per method ``threshold``,
     ``certain_fraction`` (UA-MT) or ``loss_disc`` (adversarial)) as Python floats-to-be (0-d tensors)."""
 
-    def __init__(self, *args, step: SemiSupervisedStep, **kwargs) -> None:
+    def __init__(self, *args, step: SemiSupervisedMethod, method: str, **kwargs) -> None:
+        check_method(method, step)
         kwargs.setdefault("decollate", False)
         super().__init__(*args, **kwargs)
         self.ssl_step = step

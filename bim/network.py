@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from monai.networks.nets import BasicUNet
 from monai.networks.nets.basic_unet import UpCat
+from torch import nn
 
 PAPER_FEATURES = (32, 64, 128, 256, 512, 32)
+UNET_STYLES = ("monai", "authors")
 
 
 def build_unet(
@@ -25,11 +27,23 @@ def build_unet(
     norm: str = "batch",
     dropout: float = 0.0,
     bn_momentum: float | None = None,
+    unet_style: str = "monai",
 ) -> BasicUNet:
     """Build the paper's 2D U-Net (BatchNorm by default, as in the paper). ``bn_momentum`` sets BatchNorm's
-    running-statistics momentum (None: PyTorch's 0.1, an average over the last ~10 batches)."""
+    running-statistics momentum (None: PyTorch's 0.1, an average over the last ~10 batches).
+
+    ``unet_style`` "monai": MONAI's BasicUNet as it is (LeakyReLU 0.1, convolutions with bias, 2x2 transposed
+    convolutions to upsample). "authors": the U-Net of the paper's public code, kept in BasicUNet's layout and
+    module names: ReLU everywhere, convolutions without bias, BatchNorm momentum 0.01 (unless ``bn_momentum`` says
+    otherwise), and each decoder block upsamples by nearest-neighbour x2 then a 3x3 conv + BatchNorm + ReLU
+    (:func:`authors_upsample`). The two styles' weights do not load into each other: fine-tune with the same style."""
     if len(features) != 6:
         raise ValueError(f"features must have 6 widths (5 encoder + last decoder), got {tuple(features)}")
+    if unet_style not in UNET_STYLES:
+        raise ValueError(f"unet_style must be one of {UNET_STYLES}, got {unet_style!r}")
+    authors = unet_style == "authors"
+    if authors and bn_momentum is None and norm == "batch":
+        bn_momentum = 0.01
     if bn_momentum is not None:
         if norm != "batch":
             raise ValueError(f"bn_momentum is only meaningful with norm 'batch', got norm {norm!r}")
@@ -43,8 +57,27 @@ def build_unet(
         features=tuple(features),
         norm=norm,
         dropout=dropout,
+        **({"act": "relu", "bias": False} if authors else {}),
     )
+    if authors:
+        batch_norm = (norm[0] if isinstance(norm, tuple) else norm) == "batch"
+        momentum = (0.1 if bn_momentum is None else float(bn_momentum)) if batch_norm else None
+        for block in (net.upcat_4, net.upcat_3, net.upcat_2, net.upcat_1):
+            deconv = block.upsample.deconv
+            block.upsample = authors_upsample(deconv.in_channels, deconv.out_channels, momentum)
     return set_decoder_padding(net, always=False)
+
+
+def authors_upsample(in_channels: int, out_channels: int, bn_momentum: float | None = 0.01) -> nn.Sequential:
+    """The authors' decoder upsampling: nearest-neighbour x2, then 3x3 conv (no bias) + BatchNorm + ReLU
+    (``bn_momentum`` None: no BatchNorm). It replaces BasicUNet's 2x2 transposed convolution with the same input and
+    output widths, so the block's two convolutions after the concatenation are unchanged."""
+    layers = [nn.Upsample(scale_factor=2, mode="nearest"),
+              nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False)]
+    if bn_momentum is not None:
+        layers.append(nn.BatchNorm2d(out_channels, momentum=bn_momentum))
+    layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
 
 
 class UpCatPadIfNeeded(UpCat):

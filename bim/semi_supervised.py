@@ -2,37 +2,47 @@
 
 The paper (appendix "Detailed comparison methods") compares, from random initialisation and with the same
 optimisation as fine-tuning, six semi-supervised methods; its best result is Mean Teacher initialised with BIM
-pre-trained weights ("MT + Ours"). Each method is a value of ``method`` of :class:`SemiSupervisedStep`:
+pre-trained weights ("MT + Ours"). Each method is one class, registered under its name in :data:`METHODS` (the
+bundle's ``method`` key; each variant config of ``meanteacher_seg`` names its class and sets its weight):
 
-- ``supervised``: cross-entropy on the labelled batch only (the paper's Baseline, for comparison);
-- ``mean_teacher`` (Perone & Cohen-Adad 2018): CE + w(t) * L_MT (:func:`softmax_mse`), the teacher
-  an exponential moving average (EMA, decay 0.99) of the student (:func:`ema_teacher`, torch's
+- ``supervised`` (:class:`Supervised`): cross-entropy on the labelled batch only (the paper's Baseline);
+- ``mean_teacher`` (:class:`MeanTeacher`, Perone & Cohen-Adad 2018): CE + w(t) * L_MT (:func:`softmax_mse`),
+  the teacher an exponential moving average (EMA, decay 0.99) of the student (:func:`ema_teacher`, torch's
   :class:`~torch.optim.swa_utils.AveragedModel`);
-- ``ua_mt`` (Yu et al. 2019): Mean Teacher whose consistency keeps only pixels where the teacher's uncertainty
-  (entropy of the mean of ``uncertainty_passes`` noisy passes) is below a threshold rising linearly from
-  3/4 ln C to ln C (:func:`uncertainty_threshold`);
-- ``ict`` (Verma et al. 2019): the student on a mixup of two unlabelled images (lambda ~ Beta(0.1, 0.1)) matches
-  the same mixup of the teacher's predictions;
-- ``entropy_min`` (Grandvalet & Bengio 2005): CE + w(t) * mean pixel entropy of the unlabelled predictions;
-- ``mixup`` (Zhang et al. 2018): CE + w(t) * soft-target CE on mixed labelled pairs (lambda ~ Beta(1, 1));
-- ``adversarial`` (Zhang et al. 2017): CE + w(t) * BCE(D(softmax(student(x_u))), "labelled"), with a small CNN
-  discriminator D trained to tell predictions on labelled from predictions on unlabelled images.
+- ``ua_mt`` (:class:`UncertaintyAwareMeanTeacher`, Yu et al. 2019): Mean Teacher whose consistency keeps only
+  pixels where the teacher's uncertainty (entropy of the mean of ``uncertainty_passes`` noisy passes) is below a
+  threshold rising linearly from 3/4 ln C to ln C (:func:`uncertainty_threshold`);
+- ``ict`` (:class:`InterpolationConsistency`, Verma et al. 2019): the student on a mixup of two unlabelled images
+  (lambda ~ Beta(0.1, 0.1)) matches the same mixup of the teacher's predictions;
+- ``entropy_min`` (:class:`EntropyMinimisation`, Grandvalet & Bengio 2005): CE + w(t) * mean pixel entropy of the
+  unlabelled predictions (:func:`entropy_loss`);
+- ``mixup`` (:class:`MixUp`, Zhang et al. 2018): CE + w(t) * soft-target CE on mixed labelled pairs
+  (lambda ~ Beta(1, 1), :func:`soft_cross_entropy`);
+- ``adversarial`` (:class:`Adversarial`, Zhang et al. 2017): CE + w(t) * BCE(D(softmax(student(x_u))), "labelled"),
+  with a small CNN discriminator D trained to tell predictions on labelled from predictions on unlabelled images.
 
-w(t) = weight * :func:`sigmoid_rampup` (t / rampup_iterations). Views: every image gets the fine-tuning
-augmentation (:class:`~bim.segmentation.SegmentationAugment`: crop, flips, rotation, zoom as one matrix
-M, intensity jitter). For the teacher-student methods the teacher sees ``warp(x, M)`` and the student
-``warp(x, M @ A)`` with a further random similarity A and its own intensity jitter; since
-``warp(warp(x, M), A) == warp(x, M @ A)``, warping the teacher's prediction with A aligns it pixel by pixel with
-the student's, and the consistency is averaged over the pixels A maps inside the teacher's view.
+w(t) = weight * :func:`sigmoid_rampup` (t / rampup_iterations). What every method shares is
+:class:`SemiSupervisedMethod` (the views, the forwards, the teacher's forward, the optimiser step) with the
+objects of :class:`StepSettings`. Views: every image gets the fine-tuning augmentation
+(:class:`~bim.segmentation.SegmentationAugment`: crop, flips, rotation, zoom as one matrix M, intensity jitter).
+For Mean Teacher and UA-MT the teacher sees ``warp(x, M)`` and the student ``warp(x, M @ A)`` with a further random
+similarity A and its own intensity jitter; since ``warp(warp(x, M), A) == warp(x, M @ A)``, warping the teacher's
+prediction with A aligns it pixel by pixel with the student's, and the consistency is averaged over the pixels A
+maps inside the teacher's view.
+
+BatchNorm: the student runs one forward per batch (labelled, unlabelled), so each is normalised with its own batch
+statistics and the labelled logits do not depend on the unlabelled images (one joint forward made every method
+collapse with 1 labelled ACDC scan); the teacher runs in train mode (batch statistics) under ``no_grad``, one
+forward per batch as the student does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +54,10 @@ from .engine import bf16_autocast
 from .flags import as_flag
 from .gpu_augment import random_affine_matrices, warp
 from .inference import is_prepared
+from .pretrain.losses import _fp32_context, _prepare_mask, _require_4d, _require_same_shape, entropy
 from .segmentation import labelled_cross_entropy
 
 logger = logging.getLogger("bim")
-
-METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
-TEACHER_METHODS = ("mean_teacher", "ua_mt", "ict")
-EPS = 1e-8
 
 
 # ------------------------------------------------------------------------------------------------- schedules
@@ -82,7 +89,7 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     unwrapped) holding ``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for the parameters, updated
     by one vectorised ``torch._foreach_lerp_`` per call of ``teacher.update_parameters(student)``.
 
-    BatchNorm: :class:`SemiSupervisedStep` runs the teacher with *batch* statistics (as Tarvainen & Valpola's and
+    BatchNorm: :class:`SemiSupervisedMethod` runs the teacher with *batch* statistics (as Tarvainen & Valpola's and
     SSL4MIS's Mean Teacher do), so its predictions never depend on running statistics. The buffers (running
     statistics) are copied from the student at every update (``average_buffers=False``, the default), so a saved
     teacher evaluated in eval mode uses the student's current statistics. ``average_buffers=True`` (the old
@@ -104,21 +111,6 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     return teacher
 
 
-def bn_statistics(network: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A snapshot of the running statistics (mean, variance, batches tracked) of ``network``'s BatchNorm layers:
-    (buffer, copy) pairs for :func:`restore_bn_statistics`."""
-    return [(b, b.detach().clone()) for m in _unwrap(network).modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-            for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
-
-
-@torch.no_grad()
-def restore_bn_statistics(snapshot: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Put the running statistics of a :func:`bn_statistics` snapshot back, in place. Call it after the backward
-    pass: autograd keeps the buffers of a train-mode BatchNorm forward and refuses them modified before."""
-    for buffer, saved in snapshot:
-        buffer.copy_(saved)
-
-
 def _unwrap(network: nn.Module) -> nn.Module:
     network = getattr(network, "module", network)  # DistributedDataParallel
     return getattr(network, "_orig_mod", network)  # torch.compile
@@ -134,51 +126,108 @@ def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------------------------------ losses
+# The conventions of bim.pretrain.losses: the docstring shows the equation, shapes and reduction; fp32 (autocast off);
+# one ValueError naming a bad argument; its EPS inside every logarithm of a probability.
 
 
 def softmax_mse(student_logits: torch.Tensor, teacher_prob: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The paper's Mean Teacher consistency (appendix, "Mean Teacher"):
+    r"""The paper's Mean Teacher consistency L_MT (appendix, "Mean Teacher"), also ICT's:
 
-        L_MT = 1 / (|D_u| |Omega|) * sum_{x in D_u} sum_{i in Omega} || p^s_i(x) - p^t_i(x) ||^2,
+    .. math:: L_{MT} = \frac{1}{|D_u|\,|\Omega|} \sum_{x \in D_u} \sum_{i \in \Omega}
+              \big\| \mathrm{softmax}(s(x))_i - p^t_i(x) \big\|^2
 
-    the squared distance between the student's class probabilities ``softmax(s)_i`` and the teacher's ``p^t_i``
-    summed over the C classes and averaged over the images and pixels i (the paper prints a minus sign before the
-    sum, a typo for a loss that is minimised). With ``mask`` [B, 1, H, W] in {0, 1} (UA-MT's certain pixels, the
-    pixels inside the teacher's view) the average runs over the masked-in pixels only. fp32. ``student_logits`` and
-    ``teacher_prob`` are [B, C, H, W]; the teacher is a target (no gradient). Before ``meanteacher_seg`` 0.4.0 this
-    averaged over the classes too, i.e. it was L_MT / C."""
-    sq = (torch.softmax(student_logits.float(), dim=1) - teacher_prob.detach().float()).pow(2).sum(dim=1, keepdim=True)
-    if mask is None:
-        return sq.mean()
-    mask = mask.float()
-    return (sq * mask).sum() / mask.sum().clamp_min(1.0)
+    the squared distance between the student's class probabilities and the teacher's, summed over the C classes
+    and averaged over the images and pixels i (the paper prints a minus sign before the sum, a typo for a loss that
+    is minimised). With ``mask`` the average runs over the masked-in pixels only (UA-MT's certain pixels, the pixels
+    inside the teacher's view).
+
+    Args:
+        student_logits: ``[B, C, H, W]`` logits of the student.
+        teacher_prob: ``[B, C, H, W]`` class probabilities, a target (detached).
+        mask: ``[B, 1, H, W]`` in {0, 1}, or None (every pixel).
+
+    Returns:
+        A scalar, fp32.
+    """
+    _require_4d("student_logits", student_logits, "[B, C, H, W]")
+    _require_4d("teacher_prob", teacher_prob, "[B, C, H, W]")
+    _require_same_shape("student_logits", student_logits, "teacher_prob", teacher_prob)
+    mask = _prepare_mask(mask, student_logits.float())
+    with _fp32_context(student_logits):
+        diff = torch.softmax(student_logits.float(), dim=1) - teacher_prob.detach().float()
+        sq = diff.pow(2).sum(dim=1, keepdim=True)
+        if mask is None:
+            return sq.mean()
+        return (sq * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def entropy_map(prob: torch.Tensor) -> torch.Tensor:
-    """Pixel entropy ``-sum_c p_c ln p_c`` of class probabilities [B, C, H, W] -> [B, 1, H, W] (in nats)."""
-    prob = prob.float()
-    return -(prob * torch.log(prob + EPS)).sum(dim=1, keepdim=True)
+def pixel_entropy(prob: torch.Tensor) -> torch.Tensor:
+    r"""The entropy of each pixel's class distribution, in nats (UA-MT's uncertainty; unscaled, unlike the
+    min-max scaled :func:`~bim.pretrain.losses.normalised_entropy_map` of pre-training's L_CC):
+
+    .. math:: H_i = -\sum_c p_{ic} \log(p_{ic} + \epsilon)
+
+    Args:
+        prob: ``[B, C, H, W]`` class probabilities.
+
+    Returns:
+        ``[B, 1, H, W]`` in [0, ln C], fp32.
+    """
+    _require_4d("prob", prob, "[B, C, H, W]")
+    return entropy(prob, dim=1).unsqueeze(1)
 
 
 def entropy_loss(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy minimisation: the mean over pixels of ``-sum_c p_c ln p_c``, ``p = softmax(logits)`` (fp32)."""
-    logits = logits.float()
-    return -(torch.softmax(logits, 1) * torch.log_softmax(logits, 1)).sum(1).mean()
+    r"""Entropy minimisation: the mean pixel entropy of the predictions ``p = softmax(logits)``,
+
+    .. math:: L_{ent} = \frac{1}{B\,|\Omega|} \sum_{b} \sum_{i} -\sum_c p_{bic} \log p_{bic}
+
+    with ``log p`` from ``log_softmax`` (exact: no epsilon needed).
+
+    Args:
+        logits: ``[B, C, H, W]``.
+
+    Returns:
+        A scalar in [0, ln C], fp32.
+    """
+    _require_4d("logits", logits, "[B, C, H, W]")
+    with _fp32_context(logits):
+        logits = logits.float()
+        return -(torch.softmax(logits, 1) * torch.log_softmax(logits, 1)).sum(1).mean()
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    r"""Cross-entropy with a soft target (MixUp's regulariser):
+
+    .. math:: L = \frac{1}{B\,|\Omega|} \sum_{b} \sum_{i} -\sum_c t_{bic} \log \mathrm{softmax}(z_{bi})_c
+
+    Args:
+        logits: ``[B, C, H, W]`` logits z.
+        target: ``[B, C, H, W]`` target distributions t (each pixel sums to 1).
+
+    Returns:
+        A scalar, fp32.
+    """
+    _require_4d("logits", logits, "[B, C, H, W]")
+    _require_4d("target", target, "[B, C, H, W]")
+    _require_same_shape("logits", logits, "target", target)
+    with _fp32_context(logits):
+        return -(target.float() * torch.log_softmax(logits.float(), dim=1)).sum(1).mean()
 
 
 def mix(a: torch.Tensor, b: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """Mixup ``lam * a + (1 - lam) * b`` with one ``lam`` per sample ([B], broadcast over the other dims)."""
+    if a.shape != b.shape or lam.shape != a.shape[:1]:
+        raise ValueError(f"mix: expected a and b of one shape and lam [B], got {tuple(a.shape)}, {tuple(b.shape)}, "
+                         f"{tuple(lam.shape)}")
     lam = lam.to(device=a.device, dtype=a.dtype).view(-1, *([1] * (a.ndim - 1)))
     return lam * a + (1 - lam) * b
 
 
-def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy with a soft target: mean over pixels of ``-sum_c t_c log softmax(logits)_c`` (fp32)."""
-    return -(target.float() * torch.log_softmax(logits.float(), dim=1)).sum(1).mean()
-
-
 def sample_beta(alpha: float, n: int) -> torch.Tensor:
     """``n`` draws of Beta(alpha, alpha) (CPU, torch's global generator, which checkpoints save)."""
+    if not alpha > 0:
+        raise ValueError(f"alpha: expected a float > 0, got {alpha!r}")
     a = torch.tensor(float(alpha), dtype=torch.float64)
     return torch.distributions.Beta(a, a).sample((n,)).float()
 
@@ -266,253 +315,289 @@ def unlabelled_store(dataset, enabled: bool = True, device="cpu") -> SliceStore 
 # ------------------------------------------------------------------------------------------------------ the step
 
 
-class SemiSupervisedStep:
-    """One training iteration of ``method`` (see the module docstring): views, forwards (bf16 autocast on CUDA;
-    the teacher under ``no_grad``), losses in fp32, the optimiser step(s) and the teacher's EMA update.
+class StepSettings:
+    """What every method's step is built with, written once in the bundle (``train#step_settings``):
 
-    ``weight`` is the method's regulariser weight (ramped up by :func:`sigmoid_rampup` over
-    ``rampup_iterations``); ``total_iterations`` paces UA-MT's threshold. ``view_*`` set the student's extra
-    random similarity A (rotation, zoom, flips). ``consistency_on_labelled`` adds the labelled images to the
-    Mean Teacher / UA-MT consistency (as in Tarvainen & Valpola's Mean Teacher); false takes it on the unlabelled
-    images only (the paper's L_MT sums over D_u), and the labelled images then get the supervised method's view,
-    so that at weight 0 the labelled term trains as the baseline's does. ``joint_teacher_batch`` true gives the
-    teacher the labelled and unlabelled views of the consistency in one forward; false (the default since
-    meanteacher_seg 0.7.0), one forward each, so that with
-    ``teacher_batch_stats`` each part is BatchNorm'd with its own batch statistics, as the student's separate
-    forwards are (see :meth:`teacher_of`). Call it with ``student``, the
-    batch of :class:`PairedSliceSampler` and the 0-based ``iteration``; it returns the loss terms (detached).
-    ``supervised_loss_function(logits, label)`` is the labelled term (default :func:`labelled_cross_entropy`; the
-    bundle passes its ``train#trainer#loss_function``). ``compile_teacher`` runs the teacher's forwards through
-    ``torch.compile(teacher.module, mode=compile_mode)`` (the student is compiled by the bundle's ``compile``); the
-    compiled module shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode.
-    """
+    ``augment`` (the fine-tuning :class:`~bim.segmentation.SegmentationAugment`, whose generator draws every view),
+    ``optimizer`` (the student's), ``num_classes``, ``teacher`` (:func:`ema_teacher`; only Mean Teacher, UA-MT and ICT
+    use it, every method's checkpoint holds it), ``rampup_iterations`` (the ramp-up of every regulariser weight, see
+    :func:`sigmoid_rampup`), ``supervised_loss_function(logits, label)`` (the labelled term; default
+    :func:`~bim.segmentation.labelled_cross_entropy`, the bundle passes its ``train#trainer#loss_function``),
+    ``bf16`` and ``channels_last`` (the forwards' autocast and memory format, on CUDA only), ``compile_teacher``
+    (run the teacher's forwards through ``torch.compile(teacher.module, mode=compile_mode)``: the compiled module
+    shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode)."""
 
-    def __init__(
-        self,
-        method: str,
-        augment,
-        optimizer: torch.optim.Optimizer,
-        num_classes: int,
-        teacher: AveragedModel | None = None,
-        weight: float = 1.0,
-        rampup_iterations: int = 0,
-        total_iterations: int = 1,
-        consistency_on_labelled: bool = True,
-        view_rotation_deg: float = 15.0,
-        view_scale_range: Sequence[float] = (0.9, 1.1),
-        view_flip_prob: float = 0.5,
-        uncertainty_passes: int = 4,
-        uncertainty_noise: float = 0.1,
-        ict_alpha: float = 0.1,
-        mixup_alpha: float = 1.0,
-        discriminator: nn.Module | None = None,
-        discriminator_optimizer: torch.optim.Optimizer | None = None,
-        bf16: bool = True,
-        channels_last: bool = True,
-        teacher_batch_stats: bool = True,
-        joint_student_batch: bool = False,
-        unlabelled_bn_stats: bool = True,
-        supervised_loss_function=None,
-        joint_teacher_batch: bool = False,
-        compile_teacher: bool = False,
-        compile_mode: str | None = None,
-    ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
-        if method in TEACHER_METHODS and teacher is None:
-            raise ValueError(f"method {method!r} needs a teacher (bim.semi_supervised.ema_teacher)")
-        if method == "adversarial" and (discriminator is None or discriminator_optimizer is None):
-            raise ValueError("method 'adversarial' needs a discriminator and a discriminator_optimizer")
-        if weight < 0:
-            raise ValueError(f"the regulariser weight must be >= 0, got {weight}")
-        if uncertainty_passes < 1:
-            raise ValueError(f"uncertainty_passes must be >= 1, got {uncertainty_passes}")
-        if ict_alpha <= 0 or mixup_alpha <= 0:
-            raise ValueError(f"mixup alphas must be > 0, got ict_alpha={ict_alpha}, mixup_alpha={mixup_alpha}")
-        self.method, self.augment, self.optimizer, self.num_classes = method, augment, optimizer, int(num_classes)
-        self.teacher, self.weight = teacher, float(weight)
-        self.rampup_iterations, self.total_iterations = int(rampup_iterations), int(total_iterations)
-        self.consistency_on_labelled = as_flag(consistency_on_labelled, "consistency_on_labelled")
-        self.view_rotation_deg, self.view_scale_range = float(view_rotation_deg), tuple(view_scale_range)
-        self.view_flip_prob = float(view_flip_prob)
-        self.uncertainty_passes, self.uncertainty_noise = int(uncertainty_passes), float(uncertainty_noise)
-        self.ict_alpha, self.mixup_alpha = float(ict_alpha), float(mixup_alpha)
-        self.discriminator, self.discriminator_optimizer = discriminator, discriminator_optimizer
-        self.bf16, self.channels_last = as_flag(bf16, "bf16"), as_flag(channels_last, "channels_last")
-        self.teacher_batch_stats = as_flag(teacher_batch_stats, "teacher_batch_stats")
-        self.joint_student_batch = as_flag(joint_student_batch, "joint_student_batch")
-        self.joint_teacher_batch = as_flag(joint_teacher_batch, "joint_teacher_batch")
-        self.unlabelled_bn_stats = as_flag(unlabelled_bn_stats, "unlabelled_bn_stats")
-        self._bn_after_labelled = None
+    def __init__(self, augment, optimizer: torch.optim.Optimizer, num_classes: int, teacher: AveragedModel | None = None,
+                 rampup_iterations: int = 0, supervised_loss_function=None, bf16: bool = True,
+                 channels_last: bool = True, compile_teacher: bool = False, compile_mode: str | None = None) -> None:
+        if int(num_classes) < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        self.augment, self.optimizer, self.num_classes, self.teacher = augment, optimizer, int(num_classes), teacher
+        self.rampup_iterations = int(rampup_iterations)
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
+        self.bf16, self.channels_last = as_flag(bf16, "bf16"), as_flag(channels_last, "channels_last")
         self.compile_teacher = as_flag(compile_teacher, "compile_teacher")
         # with compile_teacher, what runs the teacher's forwards: its module compiled (same parameters, same mode)
-        self._compiled_teacher = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
-                                  teacher is not None else None)
+        self.compiled_teacher = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
+                                 teacher is not None else None)
 
-    # ---- helpers
+
+METHODS: dict[str, type[SemiSupervisedMethod]] = {}
+"""The registry: each :class:`SemiSupervisedMethod` subclass under its ``name`` (the bundle's ``method`` key)."""
+
+
+def method_class(method: str) -> type[SemiSupervisedMethod]:
+    """The class registered as ``method``; a ``ValueError`` naming the key and the known methods otherwise."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    return METHODS[method]
+
+
+def check_method(method: str, step: SemiSupervisedMethod) -> None:
+    """The bundle's ``method`` names a known method, and the one that ``train#step`` is (each variant config sets
+    both)."""
+    cls = method_class(method)
+    if type(step) is not cls:
+        raise ValueError(f"method is {method!r} but train#step is {type(step).__name__} ({type(step).name!r}): run "
+                         f"with configs/variants/{method}.json, which builds train#step as {cls.__name__}")
+
+
+class SemiSupervisedMethod:
+    """One training iteration of a semi-supervised method: ``step(student, batch, iteration)`` with the batch of
+    :class:`PairedSliceSampler` and the 0-based ``iteration`` builds the views, runs the forwards (bf16 autocast on
+    CUDA; the teacher under ``no_grad``), computes the loss terms in fp32 (:meth:`losses`), minimises
+    ``loss_sup + w(t) * loss_reg`` with one optimiser step, then :meth:`after_step` (the teacher's EMA update, the
+    discriminator's step). It returns the loss terms (detached), the ramped ``weight`` and ``ramp``, and the
+    labelled student view's ``image``, ``label`` and ``pred``.
+
+    A subclass sets ``name`` (``class X(SemiSupervisedMethod, name="x")`` registers it in :data:`METHODS`),
+    ``uses_unlabelled`` and ``uses_teacher``, and implements :meth:`losses`. ``weight`` >= 0 is its regulariser's
+    weight."""
+
+    name: ClassVar[str]
+    uses_unlabelled: ClassVar[bool] = True
+    uses_teacher: ClassVar[bool] = False
+
+    def __init_subclass__(cls, name: str | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name = name
+            METHODS[name] = cls
+
+    def __init__(self, settings: StepSettings, weight: float) -> None:
+        if not isinstance(settings, StepSettings):
+            raise ValueError(f"settings must be a bim.semi_supervised.StepSettings, got {type(settings).__name__}")
+        if weight < 0:
+            raise ValueError(f"the regulariser weight must be >= 0, got {weight}")
+        if self.uses_teacher and settings.teacher is None:
+            raise ValueError(f"method {self.name!r} needs a teacher (bim.semi_supervised.ema_teacher)")
+        self.settings, self.weight = settings, float(weight)
+        self.augment, self.optimizer, self.num_classes = settings.augment, settings.optimizer, settings.num_classes
+        self.teacher = settings.teacher
 
     @property
     def generator(self) -> torch.Generator:
         return self.augment.generator
 
-    def _forward(self, network: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.channels_last and x.is_cuda:
+    @property
+    def hyperparameters(self) -> dict:
+        """The method's name and its own numbers (weight, views, alphas, ...): what a checkpoint's settings
+        fingerprint (:func:`~bim.engine.settings_fingerprint`) records of the step."""
+        own = {k: v for k, v in vars(self).items() if isinstance(v, (bool, int, float, str, tuple))}
+        return {"method": self.name, **own}
+
+    # ---- the step
+
+    def __call__(self, student: nn.Module, batch: dict, iteration: int) -> dict:
+        student.train()
+        ramp = sigmoid_rampup(iteration, self.settings.rampup_iterations)
+        w = self.weight * ramp
+        terms = self.losses(student, batch, iteration)
+        loss = terms["loss_sup"] + w * terms["loss_reg"]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        terms.update(self.after_step(student, terms))
+        out = {k: (v.detach() if torch.is_tensor(v) else v) for k, v in terms.items() if not k.startswith("_")}
+        out.update(loss=loss.detach(), weight=w, ramp=ramp)
+        return out
+
+    def losses(self, student: nn.Module, batch: dict, iteration: int) -> dict:
+        """``loss_sup`` (the labelled term), ``loss_reg`` (the regulariser), the labelled student view's ``image``,
+        ``label``, ``pred``, and any term to report; keys starting with ``_`` are for :meth:`after_step` only."""
+        raise NotImplementedError
+
+    def after_step(self, student: nn.Module, terms: dict) -> dict:
+        """What follows the optimiser step; returns terms to report. Here: the teacher's EMA update, for the methods
+        that use the teacher."""
+        if self.uses_teacher:
+            self.update_teacher(student)
+        return {}
+
+    # ---- forwards
+
+    def forward(self, network: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``network(x)`` as fp32 logits (bf16 autocast and channels_last on CUDA where the settings ask)."""
+        if self.settings.channels_last and x.is_cuda:
             x = x.contiguous(memory_format=torch.channels_last)
-        with bf16_autocast(x.device, self.bf16):
+        with bf16_autocast(x.device, self.settings.bf16):
             return network(x).float()
 
-    def _student(self, student: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
-        """The student's logits for the concatenation of ``parts`` (labelled batch first).
+    def student_logits(self, student: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
+        """The student's logits for the concatenation of ``parts`` (the labelled batch first), one forward per part:
+        each is BatchNorm'd with its own batch statistics, so the labelled logits do not depend on the unlabelled
+        images (see the module docstring); every forward updates the running statistics."""
+        return torch.cat([self.forward(student, p) for p in parts])
 
-        Default (``joint_student_batch`` false): one forward per part, each BatchNorm'd with its own batch
-        statistics, so the labelled logits do not depend on the unlabelled images. ``joint_student_batch`` true:
-        one forward of the concatenated batch (as SSL4MIS does). With 1 labelled ACDC scan the joint forward made
-        every method collapse in eval mode (predicting foreground everywhere, 3D Dice ~0.03), even with the
-        regulariser weight at 0: through the shared batch statistics the labelled cross-entropy steers the
-        activations of the unlabelled images, which it does not supervise, and validation images look like the
-        unlabelled ones. See ``bundles/meanteacher_seg/docs/README.md``.
+    @contextlib.contextmanager
+    def _teacher_mode(self):
+        """The teacher in train mode (BatchNorm normalises with the statistics of its own batch, as the student's
+        forward does), back to eval after; the running statistics it touches are overwritten by the next EMA update."""
+        self.teacher.train(True)
+        try:
+            yield self.settings.compiled_teacher if self.settings.compiled_teacher is not None else self.teacher
+        finally:
+            self.teacher.eval()
 
-        ``unlabelled_bn_stats`` false (separate forwards only): the step puts BatchNorm's running statistics back to
-        what the labelled forward left, so the unlabelled images do not move them and the eval-mode student
-        normalises with the labelled batches' statistics alone, as a fine-tuned network does; true (default): every
-        forward updates them."""
-        if self.joint_student_batch:
-            return self._forward(student, torch.cat(parts))
-        logits = [self._forward(student, parts[0])]
-        if not self.unlabelled_bn_stats and len(parts) > 1:  # put back by __call__ after the backward pass
-            self._bn_after_labelled = bn_statistics(student)
-        return torch.cat(logits + [self._forward(student, p) for p in parts[1:]])
+    @torch.no_grad()
+    def teacher_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """The teacher's class probabilities [B, C, H, W] for ``x`` (one forward)."""
+        with self._teacher_mode() as teacher:
+            return torch.softmax(self.forward(teacher, x), dim=1)
 
-    def _intensity(self, x: torch.Tensor) -> torch.Tensor:
-        """The augmentation's intensity part (gamma, then contrast/brightness), drawn anew for every view."""
-        return self.augment.intensity(x)
+    def update_teacher(self, student: nn.Module) -> None:
+        """One EMA step of the teacher towards the student (DDP / compile wrappers unwrapped)."""
+        self.teacher.update_parameters(_unwrap(student))
+
+    # ---- views
+
+    def _out_hw(self) -> tuple[int, int]:
+        return (self.augment.crop_size, self.augment.crop_size)
 
     def _matrices(self, x: torch.Tensor) -> torch.Tensor:
         return self.augment.matrices(x.shape[0], tuple(x.shape[-2:]))
+
+    def labelled_view(self, image: torch.Tensor, label: torch.Tensor):
+        """The fine-tuning augmentation of a labelled batch (exactly ``SegmentationAugment``'s): ``(view, label)``."""
+        mats = self._matrices(image)
+        return self.augment.intensity(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
+
+    def unlabelled_view(self, image: torch.Tensor) -> torch.Tensor:
+        """The fine-tuning augmentation of an unlabelled batch: ``intensity(warp(x, M))``."""
+        return self.augment.intensity(warp(image, self._matrices(image), self._out_hw()))
+
+    def _labelled_terms(self, logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """``loss_sup`` and the labelled view's ``image``, ``label``, ``pred`` from the logits of [labelled, ...]."""
+        b_l = x.shape[0]
+        return {"loss_sup": self.settings.supervised_loss_function(logits[:b_l], y), "image": x, "label": y,
+                "pred": logits[:b_l]}
+
+
+class Supervised(SemiSupervisedMethod, name="supervised"):
+    """The paper's Baseline: cross-entropy on the labelled batch only (no regulariser: weight 0)."""
+
+    uses_unlabelled = False
+
+    def __init__(self, settings: StepSettings) -> None:
+        super().__init__(settings, weight=0.0)
+
+    def losses(self, student, batch, iteration):
+        x, y = self.labelled_view(batch["image"], batch["label"])
+        logits = self.forward(student, x)
+        return {**self._labelled_terms(logits, x, y), "loss_reg": logits.new_zeros(())}
+
+
+class MeanTeacher(SemiSupervisedMethod, name="mean_teacher"):
+    """Mean Teacher: CE + w(t) * :func:`softmax_mse` between the student on ``warp(x, M @ A)`` and the EMA teacher
+    on ``warp(x, M)`` warped by A, on the labelled and the unlabelled images (as Tarvainen & Valpola's), averaged
+    over the pixels inside the teacher's view. The student's labelled view is warp(x, M @ A), its label warped
+    alike. ``view_*`` set the extra random similarity A (rotation, zoom, flips; no translation): rotation 0, zoom
+    [1, 1] and flip 0 make it the identity."""
+
+    uses_teacher = True
+
+    def __init__(self, settings: StepSettings, weight: float, view_rotation_deg: float = 15.0,
+                 view_scale_range: Sequence[float] = (0.9, 1.1), view_flip_prob: float = 0.5) -> None:
+        super().__init__(settings, weight)
+        self.view_rotation_deg, self.view_scale_range = float(view_rotation_deg), tuple(view_scale_range)
+        self.view_flip_prob = float(view_flip_prob)
 
     def view_matrices(self, batch: int) -> torch.Tensor:
         """The student's extra similarity A [B, 3, 3] (rotation, zoom, flips; no translation)."""
         return random_affine_matrices(batch, self.generator, self.view_scale_range, self.view_rotation_deg, 0.0,
                                       flip_prob=self.view_flip_prob)
 
-    def _out_hw(self) -> tuple[int, int]:
-        return (self.augment.crop_size, self.augment.crop_size)
-
-    def labelled_view(self, image: torch.Tensor, label: torch.Tensor, extra: torch.Tensor | None = None):
-        mats = self._matrices(image)
-        if extra is not None:
-            mats = mats @ extra
-        return self._intensity(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
-
     def teacher_student_views(self, image: torch.Tensor):
         """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), each with its own intensity draw."""
         mats = self._matrices(image)
         extra = self.view_matrices(image.shape[0])
-        teacher_view = self._intensity(warp(image, mats, self._out_hw()))
-        student_view = self._intensity(warp(image, mats @ extra, self._out_hw()))
+        teacher_view = self.augment.intensity(warp(image, mats, self._out_hw()))
+        student_view = self.augment.intensity(warp(image, mats @ extra, self._out_hw()))
         return teacher_view, student_view, mats, extra
 
-    @contextlib.contextmanager
-    def _teacher_mode(self):
-        """The teacher's forward mode: train mode (BatchNorm normalises with the statistics of the teacher's own
-        batch, like the student's forward) when ``teacher_batch_stats``, eval mode otherwise; back to eval after.
-        The running statistics its train-mode forward touches are overwritten by the next EMA update."""
-        self.teacher.train(self.teacher_batch_stats)
-        try:
-            yield self._compiled_teacher if self._compiled_teacher is not None else self.teacher
-        finally:
-            self.teacher.eval()
+    def certain(self, teacher_views: Sequence[torch.Tensor], extra: torch.Tensor, iteration: int):
+        """The pixels the consistency keeps besides those inside the teacher's view, and terms to report: here all
+        (None)."""
+        return None, {}
 
-    def teacher_of(self, fn, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``fn`` (:meth:`teacher_prob` or :meth:`teacher_uncertainty`) of the concatenation of ``parts`` (the
-        labelled views first): one teacher forward of the joint batch (``joint_teacher_batch`` true), or one per part
-        (false). In train mode (``teacher_batch_stats``) a joint forward normalises the unlabelled views with
-        statistics that the labelled scan's slices share, while the student (``joint_student_batch`` false) normalises
-        them with their own: the targets and the student's predictions then see different normalisations."""
-        if self.joint_teacher_batch or len(parts) == 1:
-            return fn(torch.cat(list(parts)))
-        return torch.cat([fn(p) for p in parts])
+    def losses(self, student, batch, iteration):
+        t_l, s_l, m_l, a_l = self.teacher_student_views(batch["image"])
+        y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")  # the student's labelled view's label
+        t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
+        logits = self.student_logits(student, s_l, s_u)
+        extra = torch.cat([a_l, a_u])
+        prob_t = warp(torch.cat([self.teacher_prob(t_l), self.teacher_prob(t_u)]), extra)  # aligned with the student
+        inside = warp(torch.ones_like(torch.cat([t_l, t_u])[:, :1]), extra) > 0.999  # source inside the teacher's view
+        mask = inside.float()
+        certain, terms = self.certain((t_l, t_u), extra, iteration)
+        if certain is not None:
+            terms["certain_fraction"] = (certain * mask).sum() / mask.sum().clamp_min(1)
+            mask = mask * certain
+        return {**terms, **self._labelled_terms(logits, s_l, y), "loss_reg": softmax_mse(logits, prob_t, mask)}
 
-    @torch.no_grad()
-    def teacher_prob(self, x: torch.Tensor) -> torch.Tensor:
-        with self._teacher_mode() as teacher:
-            return torch.softmax(self._forward(teacher, x), dim=1)
+
+class UncertaintyAwareMeanTeacher(MeanTeacher, name="ua_mt"):
+    """UA-MT: Mean Teacher whose consistency keeps the pixels where the teacher's uncertainty (:meth:`teacher_uncertainty`)
+    is below :func:`uncertainty_threshold` (paced by ``total_iterations``); reports ``threshold`` and
+    ``certain_fraction`` (of the pixels inside the teacher's view)."""
+
+    def __init__(self, settings: StepSettings, weight: float, total_iterations: int, uncertainty_passes: int = 4,
+                 uncertainty_noise: float = 0.1, **view) -> None:
+        super().__init__(settings, weight, **view)
+        if int(uncertainty_passes) < 1:
+            raise ValueError(f"uncertainty_passes must be >= 1, got {uncertainty_passes}")
+        self.total_iterations = int(total_iterations)
+        self.uncertainty_passes, self.uncertainty_noise = int(uncertainty_passes), float(uncertainty_noise)
 
     @torch.no_grad()
     def teacher_uncertainty(self, x: torch.Tensor) -> torch.Tensor:
-        """UA-MT: entropy [B, 1, H, W] of the mean softmax of the teacher over ``uncertainty_passes`` copies of
+        """:func:`pixel_entropy` [B, 1, H, W] of the mean softmax of the teacher over ``uncertainty_passes`` copies of
         ``x`` with Gaussian noise (std ``uncertainty_noise``, clipped at 2 std), in one batched forward."""
         reps = x.repeat(self.uncertainty_passes, 1, 1, 1)
-        noise = (torch.randn_like(reps) * self.uncertainty_noise).clamp(-2 * self.uncertainty_noise, 2 * self.uncertainty_noise)
+        sigma = self.uncertainty_noise
+        noise = (torch.randn_like(reps) * sigma).clamp(-2 * sigma, 2 * sigma)
         with self._teacher_mode() as teacher:
-            prob = torch.softmax(self._forward(teacher, reps + noise), dim=1)
-        return entropy_map(prob.view(self.uncertainty_passes, *x.shape[:1], *prob.shape[1:]).mean(0))
+            prob = torch.softmax(self.forward(teacher, reps + noise), dim=1)
+        return pixel_entropy(prob.view(self.uncertainty_passes, *x.shape[:1], *prob.shape[1:]).mean(0))
 
-    # ---- the step
+    def certain(self, teacher_views, extra, iteration):
+        unc = warp(torch.cat([self.teacher_uncertainty(v) for v in teacher_views]), extra)
+        threshold = uncertainty_threshold(iteration, self.total_iterations, self.num_classes)
+        return (unc < threshold).float(), {"threshold": threshold}
 
-    def __call__(self, student: nn.Module, batch: dict, iteration: int) -> dict:
-        student.train()
-        ramp = sigmoid_rampup(iteration, self.rampup_iterations)
-        w = self.weight * ramp
-        terms = getattr(self, f"_{self.method}")(student, batch, iteration, w)
-        loss = terms["loss_sup"] + w * terms["loss_reg"]
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        if self._bn_after_labelled is not None:  # unlabelled_bn_stats false: see _student
-            restore_bn_statistics(self._bn_after_labelled)
-            self._bn_after_labelled = None
-        if self.method in TEACHER_METHODS:
-            self.teacher.update_parameters(_unwrap(student))
-        if self.method == "adversarial":
-            terms["loss_disc"] = self._discriminator_step(terms.pop("_prob_labelled"), terms.pop("_prob_unlabelled"))
-        out = {k: (v.detach() if torch.is_tensor(v) else v) for k, v in terms.items() if not k.startswith("_")}
-        out.update(loss=loss.detach(), weight=w, ramp=ramp)
-        return out
 
-    def _supervised(self, student, batch, iteration, w):
-        x, y = self.labelled_view(batch["image"], batch["label"])
-        logits = self._forward(student, x)
-        return {"loss_sup": self.supervised_loss_function(logits, y), "loss_reg": logits.new_zeros(()),
-                "image": x, "label": y, "pred": logits}
+class MixingMethod(SemiSupervisedMethod):
+    """A method that mixes pairs of samples (ICT, MixUp): lambda ~ Beta(``alpha``, ``alpha``) per sample, ``alpha``
+    the method's ``default_alpha`` unless given."""
 
-    def _consistency(self, student, batch, iteration, uncertainty: bool):
-        b_l = batch["image"].shape[0]
-        if self.consistency_on_labelled:
-            t_l, s_l, m_l, a_l = self.teacher_student_views(batch["image"])
-            # the student's labelled view is warp(x, M @ A): the same matrix warps the label
-            y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")
-        else:  # the labelled images only feed the supervised term: the supervised method's view, drawn first as there
-            s_l, y = self.labelled_view(batch["image"], batch["label"])
-        t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
-        logits = self._student(student, s_l, s_u)
-        if self.consistency_on_labelled:
-            teacher_parts, extra, student_logits = [t_l, t_u], torch.cat([a_l, a_u]), logits
-        else:
-            teacher_parts, extra, student_logits = [t_u], a_u, logits[b_l:]
-        teacher_in = torch.cat(teacher_parts)
-        prob_t = warp(self.teacher_of(self.teacher_prob, teacher_parts), extra)  # aligned with the student's views
-        mask = (warp(torch.ones_like(teacher_in[:, :1]), extra) > 0.999).float()  # source inside the teacher's view
-        terms = {}
-        if uncertainty:
-            unc = warp(self.teacher_of(self.teacher_uncertainty, teacher_parts), extra)
-            threshold = uncertainty_threshold(iteration, self.total_iterations, self.num_classes)
-            certain = (unc < threshold).float()
-            terms.update(threshold=threshold, certain_fraction=(certain * mask).sum() / mask.sum().clamp_min(1))
-            mask = mask * certain
-        terms.update(
-            loss_sup=self.supervised_loss_function(logits[:b_l], y),
-            loss_reg=softmax_mse(student_logits, prob_t, mask),
-            image=s_l, label=y, pred=logits[:b_l],
-        )
-        return terms
+    default_alpha: ClassVar[float]
 
-    def _mean_teacher(self, student, batch, iteration, w):
-        return self._consistency(student, batch, iteration, uncertainty=False)
-
-    def _ua_mt(self, student, batch, iteration, w):
-        return self._consistency(student, batch, iteration, uncertainty=True)
+    def __init__(self, settings: StepSettings, weight: float, alpha: float | None = None) -> None:
+        super().__init__(settings, weight)
+        alpha = self.default_alpha if alpha is None else alpha
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        self.alpha = float(alpha)
 
     def mix_pairs(self, x: torch.Tensor, target: torch.Tensor, alpha: float):
         """Mixup of each sample with a random partner: ``(mix(x, x[perm], lam), mix(target, target[perm], lam),
@@ -521,48 +606,74 @@ class SemiSupervisedStep:
         lam = sample_beta(alpha, x.shape[0]).to(x.device)
         return mix(x, x[perm], lam), mix(target, target[perm], lam), lam, perm
 
-    def _ict(self, student, batch, iteration, w):
-        x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.ict_alpha)
-        logits = self._student(student, x, x_mix)
-        b_l = x.shape[0]
-        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
-                "loss_reg": softmax_mse(logits[b_l:], target),
-                "image": x, "label": y, "pred": logits[:b_l]}
 
-    def _entropy_min(self, student, batch, iteration, w):
-        x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        logits = self._student(student, x, x_u)
-        b_l = x.shape[0]
-        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y), "loss_reg": entropy_loss(logits[b_l:]),
-                "image": x, "label": y, "pred": logits[:b_l]}
+class InterpolationConsistency(MixingMethod, name="ict"):
+    """ICT: CE + w(t) * :func:`softmax_mse` between the student on a mixup of two unlabelled views and the same
+    mixup of the teacher's predictions on them (lambda ~ Beta(``alpha``, ``alpha``), per sample; ``alpha`` 0.1
+    unless given)."""
 
-    def _mixup(self, student, batch, iteration, w):
+    uses_teacher = True
+    default_alpha = 0.1
+
+    def losses(self, student, batch, iteration):
         x, y = self.labelled_view(batch["image"], batch["label"])
-        b_l = x.shape[0]
+        x_u = self.unlabelled_view(batch["unlabelled"])
+        x_mix, target, _, _ = self.mix_pairs(x_u, self.teacher_prob(x_u), self.alpha)
+        logits = self.student_logits(student, x, x_mix)
+        return {**self._labelled_terms(logits, x, y), "loss_reg": softmax_mse(logits[x.shape[0]:], target)}
+
+
+class EntropyMinimisation(SemiSupervisedMethod, name="entropy_min"):
+    """Entropy minimisation: CE + w(t) * :func:`entropy_loss` of the student's unlabelled predictions."""
+
+    def losses(self, student, batch, iteration):
+        x, y = self.labelled_view(batch["image"], batch["label"])
+        logits = self.student_logits(student, x, self.unlabelled_view(batch["unlabelled"]))
+        return {**self._labelled_terms(logits, x, y), "loss_reg": entropy_loss(logits[x.shape[0]:])}
+
+
+class MixUp(MixingMethod, name="mixup"):
+    """MixUp: CE + w(t) * :func:`soft_cross_entropy` of the student on mixed labelled pairs against the mix of
+    their one-hot labels (lambda ~ Beta(``alpha``, ``alpha``), per sample; ``alpha`` 1 unless given). No unlabelled
+    data."""
+
+    uses_unlabelled = False
+    default_alpha = 1.0
+
+    def losses(self, student, batch, iteration):
+        x, y = self.labelled_view(batch["image"], batch["label"])
         onehot = F.one_hot(y[:, 0].long(), self.num_classes).permute(0, 3, 1, 2).float()
-        x_mix, target, _, _ = self.mix_pairs(x, onehot, self.mixup_alpha)
-        logits = self._student(student, x, x_mix)
-        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
-                "loss_reg": soft_cross_entropy(logits[b_l:], target),
-                "image": x, "label": y, "pred": logits[:b_l]}
+        x_mix, target, _, _ = self.mix_pairs(x, onehot, self.alpha)
+        logits = self.student_logits(student, x, x_mix)
+        return {**self._labelled_terms(logits, x, y), "loss_reg": soft_cross_entropy(logits[x.shape[0]:], target)}
 
-    def _adversarial(self, student, batch, iteration, w):
+
+class Adversarial(SemiSupervisedMethod, name="adversarial"):
+    """Adversarial training: CE + w(t) * BCE(D(softmax(student(x_u))), "labelled"), the generator term that pushes
+    the unlabelled predictions to look labelled; after the student's step, one step of ``discriminator``
+    (:class:`PredictionDiscriminator`) with ``discriminator_optimizer`` on the detached predictions (labelled -> 1,
+    unlabelled -> 0), reported as ``loss_disc``."""
+
+    def __init__(self, settings: StepSettings, weight: float, discriminator: nn.Module,
+                 discriminator_optimizer: torch.optim.Optimizer) -> None:
+        super().__init__(settings, weight)
+        if discriminator is None or discriminator_optimizer is None:
+            raise ValueError("method 'adversarial' needs a discriminator and a discriminator_optimizer")
+        self.discriminator, self.discriminator_optimizer = discriminator, discriminator_optimizer
+
+    def losses(self, student, batch, iteration):
         x, y = self.labelled_view(batch["image"], batch["label"])
-        x_u = self._intensity(warp(batch["unlabelled"], self._matrices(batch["unlabelled"]), self._out_hw()))
-        logits = self._student(student, x, x_u)
+        logits = self.student_logits(student, x, self.unlabelled_view(batch["unlabelled"]))
         b_l = x.shape[0]
         prob = torch.softmax(logits, dim=1)
-        d_u = self.discriminator(prob[b_l:])  # generator term: unlabelled predictions should look labelled
-        return {"loss_sup": self.supervised_loss_function(logits[:b_l], y),
+        d_u = self.discriminator(prob[b_l:])
+        return {**self._labelled_terms(logits, x, y),
                 "loss_reg": F.binary_cross_entropy_with_logits(d_u, torch.ones_like(d_u)),
-                "image": x, "label": y, "pred": logits[:b_l],
                 "_prob_labelled": prob[:b_l].detach(), "_prob_unlabelled": prob[b_l:].detach()}
 
-    def _discriminator_step(self, prob_l: torch.Tensor, prob_u: torch.Tensor) -> torch.Tensor:
+    def after_step(self, student, terms):
         """D learns labelled -> 1, unlabelled -> 0 on the (detached) predictions; one optimiser step."""
+        prob_l, prob_u = terms["_prob_labelled"], terms["_prob_unlabelled"]
         self.discriminator.train()
         logits = self.discriminator(torch.cat([prob_l, prob_u]))
         target = torch.cat([torch.ones(prob_l.shape[0]), torch.zeros(prob_u.shape[0])]).to(logits)
@@ -570,4 +681,4 @@ class SemiSupervisedStep:
         self.discriminator_optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.discriminator_optimizer.step()
-        return loss.detach()
+        return {"loss_disc": loss.detach()}

@@ -106,8 +106,8 @@ class SegmentationTask:
 # ACDC's labelled augmentation: the pre-training transform T's ranges (rotation ±45°, zoom 0.8-1.3, gamma 0.5-2).
 # At the paper's fine-tuning length (10,000 iterations, 1 labelled scan) it lifted the baseline's test Dice on LV from
 # 33 to 55 (3 seeds) and on Myo from 29 to 53 (2 seeds), RV unchanged, and changed the full method's by -1 to +7
-# points, +3 on average (calls N, docs/results/README.md). The light ranges it replaced (±15°, 0.9-1.1, no gamma) are
-# kept by the acdc_fast preset.
+# points, +3 on average (rows `[long]` against `Baseline` in docs/results/acdc_paper_length). The light ranges it
+# replaced (±15°, 0.9-1.1, no gamma) are kept by the acdc_fast preset.
 ACDC_AUGMENTATION = {"max_rotation_deg": 45.0, "scale_range": (0.8, 1.3), "gamma_range": (0.5, 2.0)}
 
 TASKS: dict[str, SegmentationTask] = {

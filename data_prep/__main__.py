@@ -8,11 +8,13 @@ import sys
 def main(argv=None) -> int:
     import fire
 
-    from .cli import COMMANDS
+    from .cli import COMMANDS, check_args
     from .common import DataPrepError, setup_logging
 
     setup_logging()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        check_args(argv)  # an unknown option stops here, before any work
         fire.Fire(COMMANDS, command=argv, name="data_prep")
     except DataPrepError as e:
         print(f"data_prep: error: {e}", file=sys.stderr)

@@ -12,6 +12,8 @@ from .common import (
     atomic_output,
     log,
     make_datalist,
+    parse_bool,
+    parse_int,
     parse_int_list,
     slice_partition,
     write_json,
@@ -159,14 +161,15 @@ def prepare_into(
 
 
 def prepare(src, dst, size=384, split=None, seeds=(0, 1, 2), split_seed=0, workers=2, overwrite=False) -> dict:
-    seeds = parse_int_list(seeds, "seeds")
-    size = int(size)
-    if size < 8:
-        raise DataPrepError(f"--size {size}: expected an integer >= 8")
+    seeds = parse_int_list(seeds, "seeds", 0)
+    size = parse_int(size, "size", 8)
+    split_seed = parse_int(split_seed, "split_seed", 0)
+    workers = parse_int(workers, "workers", 1)
+    overwrite = parse_bool(overwrite, "overwrite")
     src = Path(src)
     root = find_root(src)
     dataset = "synthetic-acdc" if is_synthetic(root) else "acdc"
-    with atomic_output(Path(dst), dataset, src, overwrite) as tmp:
+    with atomic_output(Path(dst), dataset, src, overwrite, inputs=(src, split)) as tmp:
         dl = prepare_into(src, tmp, size, split, seeds, split_seed, workers)
     log.info(
         "acdc: wrote %d training / %d validation / %d test scans to %s (split %s)",

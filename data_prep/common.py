@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
@@ -46,8 +49,9 @@ def nifti_stem(path: Path) -> str:
     return Path(name).stem
 
 
-def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...]]:
-    """Read a NIfTI file fully; returns (array, zooms). Raises DataPrepError when unreadable."""
+def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...], np.ndarray | None]:
+    """Read a NIfTI file fully; returns (array, zooms, 4x4 voxel-to-world affine, None when the header
+    has no world geometry: sform and qform codes 0). Raises DataPrepError when unreadable."""
     import nibabel as nib
 
     path = Path(path)
@@ -57,15 +61,19 @@ def read_nifti(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float
         img = nib.load(str(path))
         arr = np.asanyarray(img.dataobj)
         zooms = tuple(float(z) for z in img.header.get_zooms())
+        hdr = img.header
+        placed = int(hdr["sform_code"]) > 0 or int(hdr["qform_code"]) > 0
+        affine = np.asarray(img.affine, dtype=np.float64) if placed else None
     except Exception as e:  # nibabel raises many kinds (ImageFileError, EOFError, zlib.error, ...)
         raise DataPrepError(
             f"{path}: cannot read as NIfTI ({type(e).__name__}: {e}); expected a readable 3D NIfTI {what}"
         ) from None
-    return np.asarray(arr), zooms
+    return np.asarray(arr), zooms, affine
 
 
-def read_metaimage(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...]]:
-    """Read a MetaImage (.mhd) with itk; returns the array as (x, y, z) and the spacing (x, y, z).
+def read_metaimage(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, ...], np.ndarray]:
+    """Read a MetaImage (.mhd) with itk; returns the array as (x, y, z), the spacing (x, y, z) and the
+    4x4 index-to-world affine (direction x spacing, origin; itk's LPS world).
 
     itk is imported here only: the GPU machine has no itk.
     """
@@ -80,6 +88,9 @@ def read_metaimage(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[f
         img = itk.imread(str(path))
         arr = np.asarray(itk.array_from_image(img))  # (z, y, x)
         spacing = tuple(float(s) for s in img.GetSpacing())  # (x, y, z)
+        affine = np.eye(4)
+        affine[:3, :3] = np.asarray(itk.array_from_matrix(img.GetDirection()), dtype=np.float64) @ np.diag(spacing)
+        affine[:3, 3] = [float(o) for o in img.GetOrigin()]
     except Exception as e:
         raise DataPrepError(
             f"{path}: cannot read as MetaImage ({type(e).__name__}: {str(e).strip()[:300]}); "
@@ -87,16 +98,16 @@ def read_metaimage(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[f
         ) from None
     if arr.ndim != 3:
         raise DataPrepError(f"{path}: {what} has {arr.ndim} dimensions {arr.shape}; expected a 3D volume")
-    return np.ascontiguousarray(arr.transpose(2, 1, 0)), spacing
+    return np.ascontiguousarray(arr.transpose(2, 1, 0)), spacing, affine
 
 
-def read_volume(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, float, float]]:
-    """Read .nii/.nii.gz/.mhd, check it is 3D; returns ((x, y, z) array, 3 spacings)."""
+def read_volume(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[float, float, float], np.ndarray | None]:
+    """Read .nii/.nii.gz/.mhd, check it is 3D; returns ((x, y, z) array, 3 spacings, 4x4 affine or None)."""
     path = Path(path)
     if path.name.endswith(".mhd"):
-        arr, zooms = read_metaimage(path, what)
+        arr, zooms, affine = read_metaimage(path, what)
     else:
-        arr, zooms = read_nifti(path, what)
+        arr, zooms, affine = read_nifti(path, what)
     # drop trailing singleton dims (x, y, z, 1) but nothing else
     while arr.ndim > 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
@@ -109,7 +120,7 @@ def read_volume(path: Path, what: str = "image") -> tuple[np.ndarray, tuple[floa
         raise DataPrepError(f"{path}: {what} is empty, shape {tuple(arr.shape)}; expected a 3D volume")
     zooms = tuple(zooms[:3]) + (1.0,) * max(0, 3 - len(zooms))
     zooms = tuple(z if np.isfinite(z) and z > 0 else 1.0 for z in zooms)
-    return arr, zooms  # type: ignore[return-value]
+    return arr, zooms, affine  # type: ignore[return-value]
 
 
 def check_image(arr: np.ndarray, path: Path) -> np.ndarray:
@@ -122,12 +133,7 @@ def check_image(arr: np.ndarray, path: Path) -> np.ndarray:
     return a
 
 
-def check_label(arr: np.ndarray, path: Path, allowed: Sequence[int], image_shape=None, image_path=None) -> np.ndarray:
-    if image_shape is not None and tuple(arr.shape) != tuple(image_shape):
-        raise DataPrepError(
-            f"{path}: label shape {tuple(arr.shape)} does not match image shape {tuple(image_shape)} "
-            f"of {image_path}; expected the same voxel grid"
-        )
+def check_label(arr: np.ndarray, path: Path, allowed: Sequence[int]) -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.number):
         raise DataPrepError(f"{path}: label has dtype {arr.dtype}; expected integer class values")
     if not np.issubdtype(arr.dtype, np.integer):
@@ -141,6 +147,80 @@ def check_label(arr: np.ndarray, path: Path, allowed: Sequence[int], image_shape
             f"outside the expected set {list(allowed)}"
         )
     return arr.astype(np.uint8)
+
+
+# Two grids are "the same" when every image voxel centre lands within GRID_TOL voxels of a label voxel
+# centre (NIfTI stores affines as float32: ~1e-7 relative, far below this).
+GRID_TOL = 1e-3
+
+
+def _grid(shape, affine) -> str:
+    from nibabel.orientations import aff2axcodes
+
+    zooms = np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(0))
+    axes = "".join(aff2axcodes(affine))
+    return (f"shape {tuple(int(n) for n in shape)}, voxel {tuple(round(float(z), 4) for z in zooms)} mm, "
+            f"origin {tuple(round(float(o), 2) for o in np.asarray(affine)[:3, 3])} mm, axes {axes}")
+
+
+def label_on_image_grid(lab: np.ndarray, lab_affine: np.ndarray | None, lab_path: Path,
+                        img_shape: Sequence[int], img_affine: np.ndarray | None, img_path: Path) -> np.ndarray:
+    """The label in the image's voxel grid, matched through both files' world geometry (affines).
+
+    Same grid: as is. The same grid stored in another axis order or mirrored (a flipped axis with its
+    affine flipped too): reoriented exactly. Another grid covering the image (other voxel size,
+    shift, rotation): resampled nearest-neighbour. A label that does not cover every image voxel, or
+    another shape where a file has no usable world geometry (affine None or singular): DataPrepError
+    naming both files and both grids.
+    """
+    img_shape = tuple(int(n) for n in img_shape)
+    vox = None
+    if lab_affine is not None and img_affine is not None:
+        with np.errstate(all="ignore"):
+            try:
+                vox = np.linalg.inv(np.asarray(lab_affine, np.float64)) @ np.asarray(img_affine, np.float64)
+            except np.linalg.LinAlgError:
+                pass
+    if vox is None or not np.isfinite(vox).all():
+        if tuple(lab.shape) == img_shape:
+            log.info("%s: label or image %s has no usable world geometry (affine); the label is taken on the "
+                     "image's voxel grid (same shape)", lab_path, img_path)
+            return lab
+        raise DataPrepError(
+            f"{lab_path}: label shape {tuple(lab.shape)} does not match image shape {img_shape} of {img_path}, "
+            "and the label or the image has no usable world geometry (NIfTI sform/qform codes 0, or a singular "
+            "affine) to place one on the other; expected the same voxel grid"
+        )
+    if tuple(lab.shape) == img_shape and np.abs(vox - np.eye(4)).max() <= GRID_TOL:
+        return lab
+    rot, shift = vox[:3, :3], vox[:3, 3]
+    # label voxel coordinates of the image voxel centres, one image slice (last axis) at a time
+    ii, jj = np.meshgrid(np.arange(img_shape[0]), np.arange(img_shape[1]), indexing="ij")
+    plane = rot[:, :2] @ np.stack([ii.ravel(), jj.ravel()]).astype(np.float64)
+    out = np.empty(img_shape, dtype=lab.dtype)
+    outside = 0
+    hi = np.asarray(lab.shape, np.float64)[:, None] - 0.5
+    for k in range(img_shape[2]):
+        c = plane + (rot[:, 2] * k + shift)[:, None]
+        inside = ((c >= -0.5 - GRID_TOL) & (c <= hi + GRID_TOL)).all(0)
+        outside += int((~inside).sum())
+        idx = np.clip(np.floor(c + 0.5).astype(np.intp), 0, np.asarray(lab.shape)[:, None] - 1)
+        out[:, :, k] = lab[idx[0], idx[1], idx[2]].reshape(img_shape[:2])
+    if outside:
+        raise DataPrepError(
+            f"{lab_path}: label grid ({_grid(lab.shape, lab_affine)}) does not cover the image {img_path} "
+            f"({_grid(img_shape, img_affine)}): {outside} of {int(np.prod(img_shape))} image voxels lie outside "
+            "the label; expected a label on the image's voxel grid (or the same grid in another axis order "
+            "or mirrored, or a grid covering the whole image)"
+        )
+    exact = np.abs(rot - np.round(rot)).max() <= GRID_TOL and np.abs(shift - np.round(shift)).max() <= GRID_TOL
+    if exact and (np.abs(np.round(rot)).sum(0) == 1).all() and (np.abs(np.round(rot)).sum(1) == 1).all():
+        log.info("%s: label stored in another axis order or mirrored (%s); reoriented exactly onto %s (%s)",
+                 lab_path, _grid(lab.shape, lab_affine), img_path, _grid(img_shape, img_affine))
+    else:
+        log.info("%s: label on another grid (%s); resampled nearest-neighbour onto %s (%s)",
+                 lab_path, _grid(lab.shape, lab_affine), img_path, _grid(img_shape, img_affine))
+    return out
 
 
 # ------------------------------------------------------------------------------------- processing
@@ -282,20 +362,57 @@ def nested_draw(candidates: Sequence[str], count: int, seed: int, salt: int = 0)
     return [cand[i] for i in perm]
 
 
-def parse_int_list(value, name: str) -> list[int]:
+def _at_least(minimum) -> str:
+    return "" if minimum is None else f" >= {minimum}"
+
+
+def parse_int(value, name: str, minimum: int | None = None) -> int:
+    """An integer option (fire hands over ints, floats or strings); DataPrepError naming --name otherwise."""
+    v = None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        v = int(value)
+    elif isinstance(value, (float, np.floating)) and float(value).is_integer():
+        v = int(value)
+    elif isinstance(value, str):
+        try:
+            v = int(value.strip())
+        except ValueError:
+            pass
+    if v is None or (minimum is not None and v < minimum):
+        raise DataPrepError(f"--{name}: expected an integer{_at_least(minimum)}, got {value!r}")
+    return v
+
+
+def parse_int_list(value, name: str, minimum: int | None = None) -> list[int]:
     """fire gives '0,1,2' as a tuple, an int, or a string: accept all."""
     if value is None:
         return []
-    if isinstance(value, (int, np.integer)):
-        return [int(value)]
     if isinstance(value, str):
         parts = [p for p in value.replace(" ", "").split(",") if p]
-    else:
+    elif isinstance(value, (list, tuple)):
         parts = list(value)
+    else:
+        parts = [value]
     try:
-        return [int(p) for p in parts]
-    except (TypeError, ValueError):
-        raise DataPrepError(f"--{name}: expected comma-separated integers, got {value!r}") from None
+        return [parse_int(p, name, minimum) for p in parts]
+    except DataPrepError:
+        raise DataPrepError(
+            f"--{name}: expected comma-separated integers{_at_least(minimum)}, got {value!r}"
+        ) from None
+
+
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def parse_bool(value, name: str) -> bool:
+    """A boolean option: True/False, or the strings true/false, yes/no, 1/0 (any case)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and int(value) in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise DataPrepError(f"--{name}: expected true or false, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------- datalist
@@ -392,22 +509,141 @@ def check_destination(dst: Path, dataset: str, source: Path | None, overwrite: b
         )
 
 
+def check_inputs_kept(dst: Path, inputs: Sequence, overwrite: bool) -> None:
+    """Refuse a DST whose replacement would delete input data: DST is an input, contains one, or (with
+    --overwrite) is an existing folder inside one that is no data_prep output."""
+    d = Path(dst).absolute().resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        src = Path(given).absolute().resolve()
+        if d == src:
+            raise DataPrepError(
+                f"{dst}: the destination is the input {given}; writing the prepared set there would delete the "
+                "raw data; expected a DST outside the input"
+            )
+        if d in src.parents:
+            raise DataPrepError(
+                f"{dst}: the destination contains the input {given}; replacing it would delete the raw data; "
+                "expected a DST outside the input"
+            )
+        ours = (_existing_dataset(d) or {}).get("created_by") == CREATED_BY
+        if overwrite and src in d.parents and d.exists() and not ours:
+            raise DataPrepError(
+                f"{dst}: lies inside the input {given} and is no data_prep output; --overwrite would delete it "
+                f"with whatever raw data it holds; expected a DST outside the input (or remove {dst} yourself first)"
+            )
+
+
+TEMP_OWNER = ".data_prep_owner"  # inside a temporary folder: the host whose process <pid> writes it
+
+
+def _process_start(pid: int) -> float | None:
+    """Start time (epoch seconds, rounded down by up to 1 s) of process `pid`, or None where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":  # a zombie: finished
+            return float("inf")
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _may_own(pid: int, since: float) -> bool:
+    """Whether process `pid` of this host runs and could have written something last modified at
+    `since` (it started before; a later start means the pid was reused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists (another user's)
+        pass
+    start = _process_start(pid)
+    return start is None or start <= since + 1.0
+
+
+def remove_stale_temps(dst: Path) -> None:
+    """Remove DST.tmp-<pid>[-...] (and DST.old-<pid> while DST exists) left by killed runs: folders of
+    this host whose process no longer runs. Never one of a running process or of another host."""
+    dst = Path(dst).absolute()
+    if not dst.parent.is_dir():
+        return
+    pattern = re.compile(rf"^{re.escape(dst.name)}\.(tmp|old)-(\d+)(-[^/]*)?$")
+    host = socket.gethostname()
+    for p in dst.parent.iterdir():
+        m = pattern.match(p.name)
+        if not m or p.is_symlink() or not p.is_dir() or int(m.group(2)) == os.getpid():
+            continue
+        try:
+            owner = (p / TEMP_OWNER).read_text().strip()
+        except OSError:
+            owner = host  # none written (an older data_prep, or an .old folder): this host's
+        if owner != host:
+            log.info("%s: temporary folder of host %s left alone (its process cannot be checked here)", p, owner)
+            continue
+        pid = int(m.group(2))
+        try:
+            if _may_own(pid, p.stat().st_mtime):
+                continue
+        except OSError:
+            continue
+        if m.group(1) == "old" and not dst.exists():
+            log.warning("%s: the previous %s of a killed run, kept (rename it back if you want it)", p, dst.name)
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        log.info("removed %s, left by process %d, which no longer runs", p, pid)
+
+
+def new_temp_dir(dst: Path, unique: bool = False) -> Path:
+    """A new temporary sibling DST.tmp-<pid> (unique: DST.tmp-<pid>-<random>) marked with this host;
+    stale ones of killed runs are removed first. `finish_temp_dir` renames it to DST."""
+    dst = Path(dst).absolute()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dst)
+    if unique:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{dst.name}.tmp-{os.getpid()}-", dir=dst.parent))
+    else:
+        tmp = dst.parent / f"{dst.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    (tmp / TEMP_OWNER).write_text(socket.gethostname() + "\n")
+    return tmp
+
+
+def finish_temp_dir(tmp: Path, dst: Path, replace: bool = True) -> None:
+    """Drop the owner mark and rename `tmp` to `dst` (replace: an existing `dst` is swapped out)."""
+    (Path(tmp) / TEMP_OWNER).unlink(missing_ok=True)
+    if replace:
+        replace_dir(Path(tmp), Path(dst))
+    else:
+        os.rename(tmp, dst)
+
+
 @contextmanager
-def atomic_output(dst: Path, dataset: str, source: Path | None, overwrite: bool):
+def temp_output(dst: Path):
     """Yield a temporary sibling folder DST.tmp-<pid>; rename it to DST on success, remove it on error."""
     dst = Path(dst).absolute()
-    check_destination(dst, dataset, source, overwrite)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f"{dst.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = new_temp_dir(dst)
     try:
         yield tmp
-        replace_dir(tmp, dst)
+        finish_temp_dir(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def atomic_output(dst: Path, dataset: str, source: Path | None, overwrite: bool, inputs: Sequence = ()):
+    """Check DST (see check_destination; `inputs`, the folders/files read, must survive), then yield a
+    temporary sibling folder renamed to DST on success and removed on error."""
+    dst = Path(dst).absolute()
+    check_inputs_kept(dst, inputs, overwrite)
+    check_destination(dst, dataset, source, overwrite)
+    with temp_output(dst) as tmp:
+        yield tmp
 
 
 def replace_dir(tmp: Path, dst: Path) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from .common import DataPrepError, atomic_output, log
+from .common import DataPrepError, atomic_output, finish_temp_dir, log, new_temp_dir, parse_bool, parse_int
 
 DEMO_PATIENTS = 20
 DEMO_SIZE = 128
@@ -25,8 +24,10 @@ def build_into(out: Path, final: Path, num_patients: int, size: int, seed: int =
 
 def prepare(dst, num_patients: int = DEMO_PATIENTS, size: int = DEMO_SIZE, seed: int = DEMO_SEED, overwrite=False) -> dict:
     dst = Path(dst).absolute()
+    num_patients, size = parse_int(num_patients, "num_patients", 1), parse_int(size, "size", 8)
+    seed, overwrite = parse_int(seed, "seed", 0), parse_bool(overwrite, "overwrite")
     with atomic_output(dst, "synthetic-acdc", dst / "raw", overwrite) as tmp:
-        dl = build_into(tmp, dst, int(num_patients), int(size), int(seed))
+        dl = build_into(tmp, dst, num_patients, size, seed)
     log.info("demo: wrote %d training / %d validation / %d test scans to %s",
              len(dl["training"]), len(dl["validation"]), len(dl["test"]), dst)
     return dl
@@ -60,13 +61,13 @@ def ensure_demo_dataset(path=None) -> Path:
             "folder (remove it or set BIM_DEMO_DIR elsewhere)"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    tmp = new_temp_dir(path, unique=True)
     try:
         build_into(tmp, path, DEMO_PATIENTS, DEMO_SIZE, DEMO_SEED)
         try:
             if path.is_dir() and not any(path.iterdir()):
                 path.rmdir()
-            os.rename(tmp, path)
+            finish_temp_dir(tmp, path, replace=False)
             log.info("demo data set generated at %s", path)
         except OSError:
             if not _is_ready(path):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .common import (
     DataPrepError,
     atomic_output,
     log,
     make_datalist,
     nifti_stem,
+    parse_bool,
+    parse_int,
     parse_int_list,
     slice_partition,
     stratified_split,
@@ -82,26 +86,27 @@ def prepare(
     workers=2,
     overwrite=False,
 ) -> dict:
-    seeds = parse_int_list(seeds, "seeds")
-    counts = parse_int_list(labelled_counts, "labelled_counts")
-    size, num_partitions = int(size), int(num_partitions)
-    if size < 8:
-        raise DataPrepError(f"--size {size}: expected an integer >= 8")
-    if num_partitions < 1:
-        raise DataPrepError(f"--num_partitions {num_partitions}: expected an integer >= 1")
+    seeds = parse_int_list(seeds, "seeds", 0)
+    counts = parse_int_list(labelled_counts, "labelled_counts", 1)
+    size = parse_int(size, "size", 8)
+    num_partitions = parse_int(num_partitions, "num_partitions", 1)
+    num_classes = None if num_classes is None else parse_int(num_classes, "num_classes", 1)
+    split_seed = parse_int(split_seed, "split_seed", 0)
+    workers = parse_int(workers, "workers", 1)
+    overwrite = parse_bool(overwrite, "overwrite")
     if spacing is None or str(spacing).lower() in ("none", ""):
         mode, target = "resize", 1.0
     else:
         try:
             mode, target = "spacing", float(spacing)
         except ValueError:
-            raise DataPrepError(f"--spacing {spacing!r}: expected 'none' or a spacing in mm like 1.0") from None
-        if not target > 0:
-            raise DataPrepError(f"--spacing {spacing!r}: expected a positive spacing in mm")
+            raise DataPrepError(f"--spacing: expected 'none' or a spacing in mm like 1.0, got {spacing!r}") from None
+        if not (target > 0 and np.isfinite(target)):
+            raise DataPrepError(f"--spacing: expected 'none' or a positive spacing in mm like 1.0, got {spacing!r}")
     allowed = tuple(range(int(num_classes))) if num_classes else tuple(range(256))
     src = Path(images_dir)
     scans = discover(src, labels_dir, label_suffix)
-    with atomic_output(Path(dst), "nifti", src, overwrite) as tmp:
+    with atomic_output(Path(dst), "nifti", src, overwrite, inputs=(src, labels_dir)) as tmp:
         jobs = [ScanJob(s, str(i), str(l) if l else None, str(tmp), size, mode, allowed, target) for s, i, l in scans]
         res = run_jobs(jobs, workers)
         labelled_ids = [s for s, _, l in scans if l is not None]

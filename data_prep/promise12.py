@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .common import DataPrepError, atomic_output, log, make_datalist, parse_int_list, slice_partition, write_json
+from .common import DataPrepError, atomic_output, log, make_datalist, slice_partition, write_json
+from .common import parse_bool, parse_int, parse_int_list
 from .scan import ScanJob, run_jobs
 from .splits import PROMISE_FRACTIONS, apply_split_file, load_split_file, seeded_split
 
@@ -46,13 +47,14 @@ def discover(src: Path) -> tuple[Path, list[tuple[str, Path, Path]]]:
 
 
 def prepare(src, dst, size=256, split=None, seeds=(0, 1, 2), split_seed=0, workers=2, overwrite=False) -> dict:
-    seeds = parse_int_list(seeds, "seeds")
-    size = int(size)
-    if size < 8:
-        raise DataPrepError(f"--size {size}: expected an integer >= 8")
+    seeds = parse_int_list(seeds, "seeds", 0)
+    size = parse_int(size, "size", 8)
+    split_seed = parse_int(split_seed, "split_seed", 0)
+    workers = parse_int(workers, "workers", 1)
+    overwrite = parse_bool(overwrite, "overwrite")
     src = Path(src)
     root, cases = discover(src)
-    with atomic_output(Path(dst), "promise12", src, overwrite) as tmp:
+    with atomic_output(Path(dst), "promise12", src, overwrite, inputs=(src, split)) as tmp:
         dl = prepare_into(src, tmp, cases, size, split, seeds, split_seed, workers)
     log.info(
         "promise12: wrote %d training / %d validation / %d test scans to %s",

@@ -13,6 +13,7 @@ from .common import (
     check_label,
     crop_or_pad,
     label_centre,
+    label_on_image_grid,
     percentile_normalise,
     read_volume,
     resample_inplane,
@@ -35,13 +36,14 @@ class ScanJob:
 
 def load_pair(job: ScanJob):
     img_path = Path(job.image)
-    img, zooms = read_volume(img_path, "image")
+    img, zooms, img_affine = read_volume(img_path, "image")
     img = check_image(img, img_path)
     lab = None
     if job.label is not None:
         lab_path = Path(job.label)
-        lab_raw, _ = read_volume(lab_path, "label")
-        lab = check_label(lab_raw, lab_path, job.allowed_labels, image_shape=img.shape, image_path=img_path)
+        lab_raw, _, lab_affine = read_volume(lab_path, "label")
+        lab = check_label(lab_raw, lab_path, job.allowed_labels)
+        lab = label_on_image_grid(lab, lab_affine, lab_path, img.shape, img_affine, img_path)
     return img, lab, zooms
 
 

@@ -19,13 +19,11 @@ All arrays are built vectorised over (x, y, slice); 20 patients take a few secon
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from .common import DataPrepError, log, replace_dir
+from .common import DataPrepError, log, parse_bool, parse_int, temp_output
 
 GROUPS = ("NOR", "MINF", "DCM", "HCM", "RV")
 MARKER = "synthetic_phantoms.json"
@@ -214,8 +212,7 @@ def write_patient(p: dict, root: Path) -> None:
 
 def generate_into(out: Path, num_patients: int = 20, seed: int = 0) -> None:
     """Write the phantoms into `out` (out/training/patientNNN/..., out/synthetic_phantoms.json)."""
-    if int(num_patients) < 1:
-        raise DataPrepError(f"--num_patients {num_patients}: expected an integer >= 1")
+    num_patients, seed = parse_int(num_patients, "num_patients", 1), parse_int(seed, "seed", 0)
     root = Path(out) / "training"
     root.mkdir(parents=True, exist_ok=True)
     for i in range(1, int(num_patients) + 1):
@@ -228,19 +225,14 @@ def generate_into(out: Path, num_patients: int = 20, seed: int = 0) -> None:
 
 def generate(dst, num_patients: int = 20, seed: int = 0, overwrite: bool = False) -> Path:
     dst = Path(dst).absolute()
+    num_patients, seed = parse_int(num_patients, "num_patients", 1), parse_int(seed, "seed", 0)
+    overwrite = parse_bool(overwrite, "overwrite")
     if dst.exists() and any(dst.iterdir()) and not overwrite and not (dst / MARKER).is_file():
         raise DataPrepError(
             f"{dst}: folder is not empty and holds no {MARKER} (not synthetic phantoms); refusing to write "
             "into it (pass --overwrite to replace it)"
         )
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f"{dst.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with temp_output(dst) as tmp:
         generate_into(tmp, num_patients, seed)
-        replace_dir(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("synthetic: wrote %d patients (seed %d) in the ACDC layout to %s", int(num_patients), int(seed), dst)
     return dst

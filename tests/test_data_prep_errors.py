@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nibabel as nib
@@ -36,7 +37,9 @@ def _p2(src):
 
 
 def _rewrite(path: Path, arr, zooms=(1.3, 1.3, 9.0)):
-    nib.save(nib.Nifti1Image(arr, np.diag(list(zooms[:3]) + [1.0])), path)
+    """Write `arr` to `path`, keeping the file's own affine when it exists (else diag(zooms))."""
+    affine = nib.load(path).affine if path.exists() else np.diag(list(zooms[:3]) + [1.0])
+    nib.save(nib.Nifti1Image(arr, affine), path)
 
 
 def _fails(fn, dst: Path, *match: str):
@@ -69,7 +72,8 @@ def test_shape_mismatch(src, tmp_path):
     lab = np.asarray(nib.load(f).dataobj)
     _rewrite(f, np.ascontiguousarray(lab[:-4]))
     dst = tmp_path / "out"
-    _fails(lambda: acdc.prepare(src, dst, size=32), dst, str(f), "does not match image shape", "expected the same voxel grid")
+    _fails(lambda: acdc.prepare(src, dst, size=32), dst, str(f), str(_p2(src) / "patient002_frame01.nii.gz"),
+           "does not cover the image", "image voxels lie outside the label", "expected a label on the image's voxel grid")
 
 
 def test_label_values_outside(src, tmp_path):
@@ -178,3 +182,220 @@ def test_cli_error_and_success(tmp_path):
     assert r.returncode == 0, r.stderr
     dl = json.loads((tmp_path / "d" / "datalist.json").read_text())
     assert dl["dataset"] == "synthetic-acdc" and dl["spatial_size"] == [32, 32] and len(dl["training"]) == 2
+
+
+# ------------------------------------------------------------------ a label on another grid than its image
+def _scan_pair(d: Path, lab_arr, lab_affine, name="s1"):
+    """An image (40 x 36 x 4, 1.5 x 1.25 x 8 mm, origin (-20, 10, 5)) and its label `lab_arr` stored
+    with `lab_affine` in the flat NIfTI layout (NAME.nii.gz + NAME_seg.nii.gz)."""
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(5)
+    nib.save(nib.Nifti1Image(rng.random((40, 36, 4)).astype(np.float32), _IMG_AFFINE), d / f"{name}.nii.gz")
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(lab_arr), lab_affine), d / f"{name}_seg.nii.gz")
+    return d
+
+
+_IMG_AFFINE = np.array([[1.5, 0, 0, -20.0], [0, 1.25, 0, 10.0], [0, 0, 8.0, 5.0], [0, 0, 0, 1]])
+
+
+def _asymmetric_label() -> np.ndarray:
+    lab = np.zeros((40, 36, 4), np.uint8)
+    lab[3:12, 5:9, :] = 1  # off-centre in x and y: any flip or swap of axes moves it
+    lab[20:30, 20:33, 1:3] = 2
+    return lab
+
+
+def _prepared_label(src: Path, dst: Path) -> np.ndarray:
+    nifti.prepare(src, dst, size=32, labelled_counts="1")
+    return np.asarray(nib.load(dst / "labels" / "s1.nii.gz").dataobj)
+
+
+def _voxel_map(affine, perm, flips, shape):
+    """The affine of the same world grid stored with axes `perm` of the original and `flips` mirrored."""
+    a = np.array(affine, float)
+    out = np.eye(4)
+    for new_axis, old_axis in enumerate(perm):
+        col = a[:3, old_axis].copy()
+        if new_axis in flips:
+            out[:3, 3] += col * (shape[old_axis] - 1)
+            col = -col
+        out[:3, new_axis] = col
+    out[:3, 3] += a[:3, 3]
+    return out
+
+
+def test_label_stored_mirrored_or_permuted_is_put_on_the_image_grid(tmp_path, caplog):
+    lab = _asymmetric_label()
+    want = _prepared_label(_scan_pair(tmp_path / "same", lab, _IMG_AFFINE), tmp_path / "want")
+    assert (want == 1).any() and (want == 2).any()
+    mirrored = lab[::-1]  # x stored mirrored, its affine flipped: the same world positions
+    got = _prepared_label(_scan_pair(tmp_path / "mirror", mirrored, _voxel_map(_IMG_AFFINE, (0, 1, 2), {0}, lab.shape)),
+                          tmp_path / "o1")
+    np.testing.assert_array_equal(got, want)
+    swapped = lab.transpose(1, 0, 2)[:, ::-1]  # x and y swapped, the new y mirrored
+    with caplog.at_level("INFO", logger="data_prep"):
+        got = _prepared_label(_scan_pair(tmp_path / "swap", swapped, _voxel_map(_IMG_AFFINE, (1, 0, 2), {1}, lab.shape)),
+                              tmp_path / "o2")
+    np.testing.assert_array_equal(got, want)
+    assert "reoriented exactly" in caplog.text
+    # a finer label grid covering the image (half the voxel size in-plane): nearest neighbour gives it back
+    fine = np.repeat(np.repeat(lab, 2, axis=0), 2, axis=1)
+    fine_affine = _IMG_AFFINE @ np.diag([0.5, 0.5, 1.0, 1.0])
+    got = _prepared_label(_scan_pair(tmp_path / "fine", fine, fine_affine), tmp_path / "o3")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_label_without_world_geometry_is_used_only_on_the_same_grid(tmp_path):
+    lab = _asymmetric_label()
+    img = nib.Nifti1Image(lab, None)  # no affine given: sform and qform codes 0, no world positions
+    assert int(img.header["sform_code"]) == int(img.header["qform_code"]) == 0
+    want = _prepared_label(_scan_pair(tmp_path / "same", lab, _IMG_AFFINE), tmp_path / "want")
+    src = _scan_pair(tmp_path / "nogeo", lab, None)
+    np.testing.assert_array_equal(_prepared_label(src, tmp_path / "o1"), want)  # same shape: the image's grid
+    nib.save(nib.Nifti1Image(np.ascontiguousarray(lab[2:]), None), src / "s1_seg.nii.gz")
+    dst = tmp_path / "o2"
+    _fails(lambda: nifti.prepare(src, dst, size=32), dst, str(src / "s1_seg.nii.gz"), str(src / "s1.nii.gz"),
+           "label shape (38, 36, 4) does not match image shape (40, 36, 4)", "no usable world geometry",
+           "expected the same voxel grid")
+
+
+def test_label_grid_not_covering_the_image_is_one_clear_error(tmp_path):
+    shifted = _IMG_AFFINE.copy()
+    shifted[0, 3] += 3 * 1.5  # 3 voxels along x: the image's first 3 columns have no label
+    src = _scan_pair(tmp_path / "src", _asymmetric_label(), shifted)
+    dst = tmp_path / "out"
+    _fails(lambda: nifti.prepare(src, dst, size=32), dst, str(src / "s1_seg.nii.gz"), str(src / "s1.nii.gz"),
+           "does not cover the image", f"{3 * 36 * 4} of {40 * 36 * 4} image voxels lie outside the label",
+           "origin (-15.5, 10.0, 5.0) mm", "origin (-20.0, 10.0, 5.0) mm")
+
+
+# ------------------------------------------------------------------------ command line and option values
+def _main(argv, capsys):
+    """`python -m data_prep ARGV` in this process: (exit code, stderr)."""
+    from data_prep.__main__ import main
+    from data_prep.common import log
+
+    handlers = list(log.handlers)
+    try:
+        rc = main([str(a) for a in argv])
+    finally:
+        log.handlers[:] = handlers  # main's handler writes to capsys's stream, closed after this test
+    return rc, capsys.readouterr().err
+
+
+def test_misspelled_option_is_rejected_before_any_work(raw3, tmp_path, capsys):
+    dst = tmp_path / "out"
+    rc, err = _main(["acdc", raw3, dst, "--sise", "128"], capsys)
+    assert rc == 2 and "data_prep: error: acdc: unknown option --sise; did you mean --size?" in err
+    assert "Traceback" not in err
+    assert not dst.exists() and not list(tmp_path.glob("out.tmp-*"))
+    rc, err = _main(["demo", dst, "--num-patient=3"], capsys)
+    assert rc == 2 and "unknown option --num-patient; did you mean --num_patients?" in err and not dst.exists()
+    rc, err = _main(["synthetic", dst, "7", "0", "false", "extra"], capsys)
+    assert rc == 2 and "unexpected extra argument(s) extra" in err and not dst.exists()
+
+
+@pytest.mark.parametrize("command,kwargs,message", [
+    ("acdc", {"size": "abc"}, "--size: expected an integer >= 8, got 'abc'"),
+    ("acdc", {"size": 4}, "--size: expected an integer >= 8, got 4"),
+    ("acdc", {"split_seed": "x"}, "--split_seed: expected an integer >= 0, got 'x'"),
+    ("acdc", {"workers": 0}, "--workers: expected an integer >= 1, got 0"),
+    ("acdc", {"seeds": "0,a"}, "--seeds: expected comma-separated integers >= 0, got '0,a'"),
+    ("acdc", {"overwrite": "maybe"}, "--overwrite: expected true or false, got 'maybe'"),
+    ("promise12", {"size": 12.5}, "--size: expected an integer >= 8, got 12.5"),
+    ("nifti", {"num_partitions": "three"}, "--num_partitions: expected an integer >= 1, got 'three'"),
+    ("nifti", {"num_classes": "two"}, "--num_classes: expected an integer >= 1, got 'two'"),
+    ("nifti", {"labelled_counts": "0,2"}, "--labelled_counts: expected comma-separated integers >= 1, got '0,2'"),
+    ("nifti", {"spacing": "abc"}, "--spacing: expected 'none' or a spacing in mm like 1.0, got 'abc'"),
+    ("synthetic", {"num_patients": "abc"}, "--num_patients: expected an integer >= 1, got 'abc'"),
+    ("demo", {"size": "abc"}, "--size: expected an integer >= 8, got 'abc'"),
+])
+def test_bad_option_value_names_the_option(raw3, tmp_path, command, kwargs, message):
+    from data_prep.cli import COMMANDS
+
+    dst = tmp_path / "out"
+    args = (dst,) if command in ("synthetic", "demo") else (raw3, dst)
+    _fails(lambda: COMMANDS[command](*args, **kwargs), dst, message)
+
+
+def test_bad_option_value_on_the_command_line(raw3, tmp_path, capsys):
+    dst = tmp_path / "out"
+    rc, err = _main(["acdc", raw3, dst, "--size", "abc"], capsys)
+    assert rc == 2 and err.strip().endswith("data_prep: error: --size: expected an integer >= 8, got 'abc'")
+    assert "Traceback" not in err and not dst.exists() and not list(tmp_path.glob("out.tmp-*"))
+
+
+# ------------------------------------------------------------------------- the raw data is never deleted
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_deletes_the_source(src, tmp_path):
+    before = _tree(src)
+    for dst, msg in ((src, "the destination is the input"), (tmp_path, "the destination contains the input"),
+                     (src / "training", "lies inside the input")):
+        with pytest.raises(DataPrepError) as ei:
+            acdc.prepare(src, dst, size=32, overwrite=True)
+        assert str(dst) in str(ei.value) and msg in str(ei.value) and "would delete" in str(ei.value)
+        assert "expected a DST outside the input" in str(ei.value)
+        assert _tree(src) == before and not list(dst.parent.glob(dst.name + ".tmp-*"))
+    split = tmp_path / "out" / "split.json"  # an input inside DST: a rerun would delete it
+    split.parent.mkdir()
+    split.write_text("{}")
+    with pytest.raises(DataPrepError, match="the destination contains the input .*split.json"):
+        acdc.prepare(src, tmp_path / "out", size=32, split=split)
+    assert split.read_text() == "{}"
+    inside = src / "prepared"  # a data_prep output inside SRC may be replaced, with or without --overwrite
+    acdc.prepare(src, inside, size=32)
+    acdc.prepare(src, inside, size=32, overwrite=True)
+    assert (inside / "datalist.json").is_file()
+    shutil.rmtree(inside)
+    lab_dir = _p2(src)  # nifti: the labels folder is an input too
+    with pytest.raises(DataPrepError, match="the destination is the input"):
+        nifti.prepare(src / "training" / "patient001", lab_dir, labels_dir=lab_dir, label_suffix="_gt", overwrite=True)
+    assert _tree(src) == before
+
+
+# ----------------------------------------------------------------- temporary folders of killed runs
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _temp(dst: Path, suffix: str, owner: str | None = None, mtime: float | None = None) -> Path:
+    t = dst.parent / f"{dst.name}{suffix}"
+    (t / "images").mkdir(parents=True)
+    (t / "images" / "a.nii.gz").write_bytes(b"x" * 100)
+    if owner is not None:
+        (t / ".data_prep_owner").write_text(owner + "\n")
+    if mtime is not None:
+        os.utime(t, (mtime, mtime))
+    return t
+
+
+def test_temporary_folders_of_killed_runs_are_removed_never_a_running_ones(tmp_path):
+    import socket
+
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        dst = tmp_path / "syn"
+        dst.mkdir()
+        (dst / "synthetic_phantoms.json").write_text("{}")  # an earlier output, replaced below
+        dead = _dead_pid()
+        stale = [_temp(dst, f".tmp-{dead}"), _temp(dst, f".tmp-{dead}-abc123", socket.gethostname()),
+                 _temp(dst, f".old-{dead}"),
+                 # the live process started after this folder was last written: its pid was reused
+                 _temp(dst, f".tmp-{live.pid}-reused", mtime=time.time() - 3600)]
+        kept = [_temp(dst, f".tmp-{live.pid}"),  # a running process's
+                _temp(dst, f".tmp-{dead}-elsewhere", owner="another-host.example"),  # another host's
+                _temp(tmp_path / "other", f".tmp-{dead}")]  # another destination's
+        synthetic.generate(dst, num_patients=1)
+        assert (dst / "synthetic_phantoms.json").is_file() and not (dst / ".data_prep_owner").exists()
+        assert [t.exists() for t in stale] == [False] * len(stale)
+        assert [t.exists() for t in kept] == [True] * len(kept)
+    finally:
+        live.communicate(b"")
+    old_without_dst = _temp(tmp_path / "gone", f".old-{dead}")  # the only copy of a killed swap's output
+    synthetic.generate(tmp_path / "fresh", num_patients=1)
+    assert old_without_dst.exists()

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bim.network import build_unet  # noqa: E402
 from bim.tasks import TASKS, MapTaskLabelsd, get_task, labelled_key  # noqa: E402
+from tolerance import assert_close_to_scale, conv_reduction_length  # noqa: E402
 
 SMALL = (8, 16, 32, 64, 128, 8)
 ACDC_NAMES = {0: "background", 1: "RV", 2: "Myo", 3: "LV"}  # data_prep's ACDC labels
@@ -45,7 +46,7 @@ def test_multiclass_and_prostate_tasks():
 
 
 def test_acdc_tasks_augment_with_t_ranges_and_prostate_keeps_the_light_ones():
-    # measured at the paper's length (docs/results, calls N): T's ranges lift the ACDC baseline by 20+ points
+    # measured at the paper's length (docs/results/acdc_paper_length): T's ranges lift the ACDC baseline by 20+ points
     for name in ("lv", "rv", "myo", "acdc"):
         task = get_task(name)
         assert (task.max_rotation_deg, task.scale_range, task.gamma_range) == (45.0, (0.8, 1.3), (0.5, 2.0)), name
@@ -226,9 +227,10 @@ def test_slice_batch_inferer_runs_every_slice_and_restores_the_size():
         # slice 2 alone, padded by hand to 48 x 48 the same way
         sl = torch.nn.functional.pad(vol[..., 2], (5, 6, 4, 4))
         ref = net(sl)[..., 4:44, 5:42]
-        assert torch.allclose(out[..., 2], ref, atol=1e-5)
+        # batched and single-slice convolutions may sum in another order: rounding of the longest conv sum
+        assert_close_to_scale(out[..., 2], ref, conv_reduction_length(net), "slice 2 vs by hand")
         chunked = SliceBatchInferer(divisor=16, max_slices=2)(vol, net)
-        assert torch.allclose(out, chunked, atol=1e-5)
+        assert_close_to_scale(out, chunked, conv_reduction_length(net), "2-slice chunks vs all at once")
     with pytest.raises(ValueError, match="expects"):
         SliceBatchInferer()(torch.rand(1, 4, 4), net)
 
@@ -362,8 +364,9 @@ def test_decoder_pads_only_where_needed_and_matches_monai_upcat(size):
     assert ours.shape == (2, 3, *size) and torch.equal(ours, theirs)
     ours.square().sum().backward()
     theirs.square().sum().backward()
+    # gradients reach thousands: compare at each gradient's scale; a weight's gradient sums over batch x pixels
     for (name, p), q in zip(net.named_parameters(), reference.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+        assert_close_to_scale(p.grad, q.grad, x.shape[0] * x.shape[-2] * x.shape[-1], name)
     set_decoder_padding(net, always=True)
     assert all(type(m) is UpCat for m in net.modules() if isinstance(m, UpCat))
 
@@ -400,7 +403,7 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
 
 
 @pytest.mark.parametrize("bundle, key", [("pretrain_bim", "cluster_quality"), ("finetune_seg", "amp"),
-                                         ("meanteacher_seg", "unlabelled_bn_stats")])
+                                         ("meanteacher_seg", "compile_teacher")])
 def test_a_boolean_key_given_as_a_lowercase_string_stops_the_run_with_the_key_named(bundle, key, tmp_path, demo_dataset):
     """``monai.bundle run ... --amp false`` hands the string 'false' over, which ``if @amp`` takes for true: every
     training entry point (train.json, multi_gpu_train.json) checks its boolean keys first and names the one."""
@@ -468,7 +471,10 @@ def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_informat
         assert (d - dense).abs().max() > 1e-3, f"ablating level {level} must change the dense embedding"
     # an image whose level-4 features are already spatially constant is unchanged by ablating level 4
     net.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
-    assert torch.allclose(unet_embeddings(net, x)[1], unet_embeddings(net, x, [4])[1], atol=1e-6)
+    # ablating recomputes the mean of the level's already equal values: a sum of (64 / 16)^2 rounded terms, whose
+    # relative error the decoder (batch statistics) carries to every output at the output's scale
+    level4_terms = (x.shape[-2] // 16) * (x.shape[-1] // 16)
+    assert_close_to_scale(unet_embeddings(net, x, [4])[1], unet_embeddings(net, x)[1], level4_terms, "level 4 ablated")
     with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
         unet_embeddings(net, x, [5])
 

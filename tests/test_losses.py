@@ -358,7 +358,7 @@ def test_cc_loss_is_minus_one_when_entropy_map_equals_edge_map(edge):
     phi = L.sobel_edge_map(image) if edge == "sobel" else L.gradient_power_edge_map(image, power=0.75)
     target = 0.05 + 0.5 * phi.double()  # inside (0, log 2); min-max normalisation maps it back to phi
     probs = _probs_with_entropy(target)
-    assert torch.allclose(L.entropy_map(probs), phi, atol=1e-4)
+    assert torch.allclose(L.normalised_entropy_map(probs), phi, atol=1e-4)
     loss = L.cc_loss(image, probs, edge=edge, power=0.75)
     assert abs(loss.item() + 1.0) < 1e-3
     # a mismatched entropy map scores clearly worse
@@ -394,7 +394,7 @@ def test_edge_maps_are_normalised_and_power_is_applied():
     assert torch.allclose(L.gradient_power_edge_map(image, power=0.5), g1.sqrt(), atol=1e-5)
     # entropy map: one-hot -> 0, per-slice min-max normalisation
     p = rand_probs(3, 5, 16, 16, scale=2.0)
-    e = L.entropy_map(p)
+    e = L.normalised_entropy_map(p)
     assert e.shape == (3, 1, 16, 16)
     assert torch.allclose(e.amin(dim=(2, 3)), torch.zeros(3, 1), atol=1e-6)
     assert torch.allclose(e.amax(dim=(2, 3)), torch.ones(3, 1), atol=1e-4)

@@ -21,6 +21,9 @@ SMALL = "[4,8,16,32,64,4]"
 SMALL_TUPLE = (4, 8, 16, 32, 64, 4)
 FAST = dict(features=SMALL, crop_size=64, batch_size=2, unlabelled_batch_size=2, progress_bar=False, log_every=1)
 METHODS = ("supervised", "mean_teacher", "ua_mt", "ict", "entropy_min", "mixup", "adversarial")
+# each variant's default regulariser weight (its config sets it; the supervised method has none)
+WEIGHTS = {"supervised": 0.0, "mean_teacher": 1.0, "ua_mt": 1.0, "ict": 0.1, "entropy_min": 0.01, "mixup": 0.1,
+           "adversarial": 0.001}
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +83,15 @@ def test_evaluate_and_inference_as_finetune_seg(mean_teacher_run, demo_dataset, 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "mean_teacher"])
 def test_method_runs_end_to_end(method, tmp_path, demo_dataset):
-    # ua_mt runs with unlabelled_bn_stats false: the key reaches the step, the others keep the default
+    from bim.semi_supervised import METHODS
+
     wf = workflow("meanteacher_seg", ["train.json", f"variants/{method}.json"], output_dir=str(tmp_path),
                   dataset_dir=str(demo_dataset), epochs=1, iters_per_epoch=2, resume_from=None,
-                  **{**FAST, "features": list(SMALL_TUPLE), "unlabelled_bn_stats": method != "ua_mt"})
+                  **{**FAST, "features": list(SMALL_TUPLE)})
     assert wf.check_properties() == []
     wf.run()
     trainer = wf.parser.get_parsed_content("train#trainer")
-    assert wf.parser.get_parsed_content("train#step").unlabelled_bn_stats is (method != "ua_mt")
+    assert type(wf.parser.get_parsed_content("train#step")) is METHODS[method]  # the variant names its class
     terms = trainer.state.output["terms"]
     assert trainer.state.iteration == 2 and (tmp_path / "model.pt").is_file()
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in terms.values())
@@ -97,7 +101,24 @@ def test_method_runs_end_to_end(method, tmp_path, demo_dataset):
         assert {"threshold", "certain_fraction"} <= set(terms)
     if method == "adversarial":
         assert "loss_disc" in terms
-    assert json.loads((tmp_path / "best_metric.json").read_text())["method"] == method
+    best = json.loads((tmp_path / "best_metric.json").read_text())
+    assert best["method"] == method and best["method_weight"] == WEIGHTS[method]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"method": "foo"}, "method must be one of supervised, mean_teacher, ua_mt, ict, entropy_min, mixup, adversarial; "
+                        "got 'foo'"),
+    ({"method": "ict"}, "method is 'ict' but train#step is MeanTeacher ('mean_teacher'): run with "
+                        "configs/variants/ict.json, which builds train#step as InterpolationConsistency"),
+])
+def test_an_unknown_or_unbuilt_method_stops_the_run_naming_the_key(overrides, message, tmp_path, demo_dataset):
+    wf = workflow("meanteacher_seg", "train.json", output_dir=str(tmp_path), dataset_dir=str(demo_dataset),
+                  **{**FAST, "features": list(SMALL_TUPLE)}, **overrides)
+    with pytest.raises(Exception) as err:
+        wf.run()
+    text = "".join(str(e) for e in (err.value, err.value.__cause__, err.value.__context__) if e)
+    assert message in text
+    assert not any(tmp_path.glob("*.pt"))  # stopped before training
 
 
 def test_labelled_and_unlabelled_data_keys(demo_dataset, tmp_path):

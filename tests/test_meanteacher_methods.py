@@ -7,7 +7,6 @@ alignment, entropy minimisation, adversarial training, pretrained initialisation
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +30,25 @@ def _batch(b_l=2, b_u=2, size=48, seed=0, classes=2):
             "unlabelled": torch.rand(b_u, 1, size, size, generator=g)}
 
 
+SETTINGS_KEYS = ("rampup_iterations", "supervised_loss_function", "bf16", "channels_last", "compile_teacher",
+                 "compile_mode")
+TEACHER_METHODS = [name for name, cls in ss.METHODS.items() if cls.uses_teacher]
+
+
 def _step(method, net, crop=32, **kwargs):
-    teacher = ss.ema_teacher(net, kwargs.pop("decay", 0.99)) if method in ss.TEACHER_METHODS else None
+    """The method's class from the registry, built as the bundle builds it (weight 1, UA-MT paced over 1 iteration
+    unless given)."""
+    cls = ss.method_class(method)
+    teacher = ss.ema_teacher(net, kwargs.pop("decay", 0.99)) if cls.uses_teacher else None
     opt = torch.optim.SGD(net.parameters(), lr=kwargs.pop("lr", 0.1))
     aug = kwargs.pop("augment", None) or SegmentationAugment(crop_size=crop, generator=torch.Generator().manual_seed(1))
-    return ss.SemiSupervisedStep(method, aug, opt, kwargs.pop("num_classes", 2), teacher=teacher, **kwargs)
+    settings = ss.StepSettings(aug, opt, kwargs.pop("num_classes", 2), teacher=teacher,
+                               **{k: kwargs.pop(k) for k in SETTINGS_KEYS if k in kwargs})
+    if cls is ss.Supervised:
+        return cls(settings)
+    if cls is ss.UncertaintyAwareMeanTeacher:
+        kwargs.setdefault("total_iterations", 1)
+    return cls(settings, kwargs.pop("weight", 1.0), **kwargs)
 
 
 def _float_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -131,7 +144,7 @@ def test_teacher_with_the_students_weights_predicts_what_the_student_predicts():
     student after each update, so its prediction must be exactly the student's training-mode prediction."""
     torch.manual_seed(0)
     net = build_unet(out_channels=2, features=(8, 8, 16, 16, 32, 8))
-    step = _step("mean_teacher", net, lr=0.1, weight=1.0, decay=0.0)
+    step = _step("ua_mt", net, lr=0.1, weight=1.0, decay=0.0)  # Mean Teacher, with UA-MT's noisy passes below
     x = 0.5 * torch.rand(4, 1, 32, 32, generator=torch.Generator().manual_seed(5)) + _blobs(4, 32)
     for it in range(3):
         step(net, _batch(seed=it), it)
@@ -142,7 +155,7 @@ def test_teacher_with_the_students_weights_predicts_what_the_student_predicts():
     assert not step.teacher.training  # back in eval mode between steps
     # UA-MT's noisy passes use the same normalisation: without noise their entropy is the prediction's
     step.uncertainty_noise = 0.0
-    torch.testing.assert_close(step.teacher_uncertainty(x), ss.entropy_map(student), rtol=0, atol=1e-5)
+    torch.testing.assert_close(step.teacher_uncertainty(x), ss.pixel_entropy(student), rtol=0, atol=1e-5)
 
 
 def _exact_augment(seed=0):
@@ -176,7 +189,7 @@ def test_geometric_alignment_with_an_identity_like_network():
 
     # the Mean Teacher consistency of the step is therefore exactly 0 for this network
     batch = {"image": _blobs(2, seed=1), "label": _blobs(2, seed=1).to(torch.uint8), "unlabelled": _blobs(3, seed=2)}
-    terms = step._mean_teacher(net, batch, 0, 1.0)
+    terms = step.losses(net, batch, 0)
     assert float(terms["loss_reg"].detach()) < 1e-10
     assert terms["label"].shape == (2, 1, 32, 32)
     torch.testing.assert_close(terms["label"].float(), terms["image"].round())  # label warped with the student's view
@@ -244,7 +257,7 @@ def test_ua_mt_mask_grows_as_the_threshold_rises():
 
     # uncertainty = entropy of the mean of the noisy passes: without noise, the entropy of the prediction
     step.uncertainty_noise = 0.0
-    torch.testing.assert_close(step.teacher_uncertainty(x), ss.entropy_map(torch.softmax(net(x), 1)))
+    torch.testing.assert_close(step.teacher_uncertainty(x), ss.pixel_entropy(torch.softmax(net(x), 1)))
 
 
 def test_mean_teacher_consistency_is_the_papers_l_mt():
@@ -312,7 +325,7 @@ def test_ict_student_matches_the_mix_of_teacher_predictions(monkeypatch):
 
     monkeypatch.setattr(step, "mix_pairs", spy)
     net.eval()  # BatchNorm in eval mode so the student can be re-run identically below
-    terms = step._ict(net, _batch(), 0, 1.0)
+    terms = step.losses(net, _batch(), 0)
     x_mix, t_mix, lam, perm = seen["out"]
     assert seen["alpha"] == 0.1
     torch.testing.assert_close(seen["target"], step.teacher_prob(seen["x"]))
@@ -334,7 +347,7 @@ def test_mixup_target_is_the_mix_of_the_two_one_hot_labels(monkeypatch):
         return seen["out"]
 
     monkeypatch.setattr(step, "mix_pairs", spy)
-    terms = step._mixup(net, _batch(b_l=4), 0, 1.0)
+    terms = step.losses(net, _batch(b_l=4), 0)
     _, t_mix, lam, perm = seen["out"]
     y = terms["label"][:, 0].long()
     assert seen["a"] == 1.0
@@ -352,7 +365,7 @@ def test_entropy_loss_is_the_mean_pixel_entropy():
     p = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(1, keepdims=True)
     explicit = float(np.mean(-(p * np.log(p)).sum(1)))
     assert float(ss.entropy_loss(logits)) == pytest.approx(explicit, rel=1e-5)
-    assert float(ss.entropy_map(torch.softmax(logits, 1)).mean()) == pytest.approx(explicit, rel=1e-4)
+    assert float(ss.pixel_entropy(torch.softmax(logits, 1)).mean()) == pytest.approx(explicit, rel=1e-4)
     uniform = torch.zeros(1, 4, 2, 2)
     assert float(ss.entropy_loss(uniform)) == pytest.approx(math.log(4), rel=1e-6)
 
@@ -388,13 +401,21 @@ def test_adversarial_step_trains_the_discriminator():
 def test_methods_validate_their_arguments():
     net = build_unet(out_channels=2, features=TINY)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    aug = SegmentationAugment(crop_size=32)
-    with pytest.raises(ValueError, match="unknown method"):
-        ss.SemiSupervisedStep("fixmatch", aug, opt, 2)
-    with pytest.raises(ValueError, match="needs a teacher"):
-        ss.SemiSupervisedStep("mean_teacher", aug, opt, 2)
+    settings = ss.StepSettings(SegmentationAugment(crop_size=32), opt, 2)
+    known = "supervised, mean_teacher, ua_mt, ict, entropy_min, mixup, adversarial"
+    with pytest.raises(ValueError, match=f"^method must be one of {known}; got 'fixmatch'$"):
+        ss.method_class("fixmatch")
+    with pytest.raises(ValueError, match="method 'mean_teacher' needs a teacher"):
+        ss.MeanTeacher(settings, 1.0)
     with pytest.raises(ValueError, match="discriminator"):
-        ss.SemiSupervisedStep("adversarial", aug, opt, 2)
+        ss.Adversarial(settings, 0.1, None, None)
+    with pytest.raises(ValueError, match="weight must be >= 0"):
+        ss.EntropyMinimisation(settings, -1.0)
+    with pytest.raises(ValueError, match="settings must be a bim.semi_supervised.StepSettings"):
+        ss.EntropyMinimisation({"optimizer": opt}, 1.0)
+    with pytest.raises(ValueError, match="^method is 'ict' but train#step is EntropyMinimisation"):
+        ss.check_method("ict", ss.EntropyMinimisation(settings, 1.0))
+    ss.check_method("entropy_min", ss.EntropyMinimisation(settings, 1.0))
     with pytest.raises(ValueError, match="decay"):
         ss.ema_teacher(net, 1.5)
 
@@ -417,19 +438,18 @@ def test_pretrained_initialises_student_and_teacher(tmp_path):
         assert torch.equal(s[k], t[k]) and not torch.equal(s[k], source.state_dict()[k])
 
 
-# ------------------------------------------------------------------------------ labelled / unlabelled batch norm
+# ------------------------------------------------------------------------------------------------ batch norm
 
 
 @pytest.mark.parametrize("method", ["mean_teacher", "ua_mt", "ict", "entropy_min", "adversarial"])
-@pytest.mark.parametrize("joint", [False, True])
-def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_forward(method, joint):
-    """Default: the student's labelled logits are BatchNorm'd without the unlabelled images (the joint forward
-    made every method collapse on 1 labelled ACDC scan); ``joint_student_batch`` true restores the mixed batch."""
+def test_labelled_predictions_do_not_depend_on_the_unlabelled_batch(method):
+    """The student's labelled logits are BatchNorm'd without the unlabelled images (one forward per batch: the joint
+    forward made every method collapse on 1 labelled ACDC scan)."""
     preds = []
     for unlabelled_seed in (1, 2):
         torch.manual_seed(0)
         net = build_unet(out_channels=2, features=TINY)
-        kwargs = {"joint_student_batch": joint, "lr": 0.0}
+        kwargs = {"lr": 0.0}
         if method == "adversarial":
             disc = ss.PredictionDiscriminator(2, features=(4, 8))
             kwargs.update(discriminator=disc, discriminator_optimizer=torch.optim.SGD(disc.parameters(), lr=0.0))
@@ -437,49 +457,30 @@ def test_labelled_predictions_depend_on_the_unlabelled_batch_only_with_a_joint_f
         batch = _batch(seed=0)
         batch["unlabelled"] = _batch(seed=unlabelled_seed)["unlabelled"] * 3.0
         preds.append(step(net, batch, 0)["pred"])
-    assert torch.allclose(preds[0], preds[1], atol=1e-6) is (not joint)
+    torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
-@pytest.mark.parametrize("joint", [True, False])
-def test_the_teachers_unlabelled_targets_depend_on_the_labelled_images_only_with_a_joint_teacher_forward(
-        method, joint, monkeypatch):
-    """``joint_teacher_batch`` true: the teacher's train-mode forward of the labelled and unlabelled views together
-    normalises the unlabelled views with statistics the labelled scan shares, unlike the student's separate forwards;
-    false (the default since meanteacher_seg 0.7.0): one forward each, so its targets for the unlabelled images do not
-    depend on the labelled ones."""
-    targets, certain = [], []
+def test_the_teachers_unlabelled_targets_do_not_depend_on_the_labelled_images(method, monkeypatch):
+    """The teacher's train-mode forwards take the labelled and the unlabelled views one batch each, as the student's
+    do, so its targets for the unlabelled images do not depend on the labelled ones (a joint forward normalised them
+    with statistics the labelled scan shares)."""
+    targets = []
     real_mse = ss.softmax_mse
     monkeypatch.setattr(ss, "softmax_mse", lambda logits, prob, mask=None: targets.append(prob) or real_mse(logits, prob, mask))
     for labelled_scale in (1.0, 3.0):
         torch.manual_seed(0)
         net = build_unet(out_channels=2, features=TINY)
-        step = _step(method, net, lr=0.0, joint_teacher_batch=joint)
+        step = _step(method, net, lr=0.0)
         batch = _batch(seed=0)
         batch["image"] = batch["image"] * labelled_scale
-        out = step(net, batch, 5)
-        certain.append(out.get("certain_fraction"))
+        step(net, batch, 5)
     b_l = batch["image"].shape[0]
-    assert torch.allclose(targets[0][b_l:], targets[1][b_l:], atol=1e-6) is (not joint)
+    torch.testing.assert_close(targets[0][b_l:], targets[1][b_l:], rtol=0, atol=1e-6)
     assert not torch.allclose(targets[0][:b_l], targets[1][:b_l], atol=1e-6)  # the labelled targets do change
-    with pytest.raises(ValueError, match="joint_teacher_batch"):
-        _step(method, build_unet(out_channels=2, features=TINY), joint_teacher_batch="sometimes")
 
 
-def test_the_bundle_and_the_step_default_to_separate_teacher_forwards():
-    """meanteacher_seg 0.7.0: ``joint_teacher_batch`` false in train.json, and the step's own default agrees (the
-    benchmark and the tests build the step without the bundle)."""
-    import inspect
-
-    from monai.bundle import ConfigParser
-
-    parser = ConfigParser()
-    parser.read_config(str(ROOT / "bundles" / "meanteacher_seg" / "configs" / "train.json"))
-    default = inspect.signature(ss.SemiSupervisedStep).parameters["joint_teacher_batch"].default
-    assert parser["joint_teacher_batch"] is False and default is False
-
-
-@pytest.mark.parametrize("method", ss.TEACHER_METHODS)
+@pytest.mark.parametrize("method", TEACHER_METHODS)
 def test_compile_teacher_runs_every_teacher_forward_through_its_compiled_module(method, monkeypatch):
     """``compile_teacher``: the step compiles ``teacher.module`` (with ``compile_mode``) and runs each teacher forward
     through it, in the teacher's train mode, on the parameters the EMA update moves; the targets are the eager
@@ -533,29 +534,26 @@ def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(c
     parser = ConfigParser()
     parser.read_config(str(ROOT / "bundles" / "meanteacher_seg" / "configs" / "train.json"))
     assert parser["compile_teacher"] is True and parser["compile_mode"] == "reduce-overhead"
-    assert inspect.signature(ss.SemiSupervisedStep).parameters["compile_teacher"].default is False
+    assert inspect.signature(ss.StepSettings).parameters["compile_teacher"].default is False
     parser["compile"], parser["compile_teacher"], parser["compile_mode"] = compile_, compile_teacher, "max-autotune"
-    assert parser.get_parsed_content("train#step#compile_teacher") is (compile_ and compile_teacher)
-    assert parser.get_parsed_content("train#step#compile_mode") == "max-autotune"
+    assert parser.get_parsed_content("train#step_settings#compile_teacher") is (compile_ and compile_teacher)
+    assert parser.get_parsed_content("train#step_settings#compile_mode") == "max-autotune"
 
 
-@pytest.mark.parametrize("bn_stats", [True, False])
-def test_unlabelled_forward_updates_the_running_statistics_only_with_unlabelled_bn_stats(bn_stats):
-    """``unlabelled_bn_stats`` false: the student's running statistics after a step do not depend on the unlabelled
-    images (the eval-mode student normalises as a fine-tuned one); true (default): they do. Either way the batch
-    statistics, and so the training loss, are the same."""
+def test_the_unlabelled_forward_updates_the_running_statistics_but_not_the_labelled_loss():
+    """Both student forwards update BatchNorm's running statistics (the eval-mode student normalises with them), so
+    they depend on the unlabelled images; the batch statistics, and so the labelled loss, do not."""
     states, losses = [], []
     for unlabelled_seed in (1, 2):
         torch.manual_seed(0)
         net = build_unet(out_channels=2, features=TINY)
-        step = _step("mean_teacher", net, lr=0.0, unlabelled_bn_stats=bn_stats)
+        step = _step("mean_teacher", net, lr=0.0)
         batch = _batch(seed=0)
         batch["unlabelled"] = _batch(seed=unlabelled_seed)["unlabelled"] * 3.0
         losses.append(float(step(net, batch, 0)["loss_sup"]))
         states.append({k: v for k, v in net.state_dict().items() if "running" in k})
     assert states[0] and losses[0] == pytest.approx(losses[1], abs=1e-6)
-    same = all(torch.allclose(states[0][k], states[1][k]) for k in states[0])
-    assert same is (not bn_stats)
+    assert not all(torch.allclose(states[0][k], states[1][k]) for k in states[0])
 
 
 def test_the_steps_views_get_the_fine_tuning_augmentation_gamma_included():
@@ -588,56 +586,19 @@ def test_the_steps_views_get_the_fine_tuning_augmentation_gamma_included():
     torch.testing.assert_close(t_view, s_view)
 
 
-@pytest.mark.parametrize("method", ["mean_teacher", "ua_mt"])
-def test_at_weight_0_with_the_consistency_on_unlabelled_images_the_step_is_the_supervised_one(method):
-    """``consistency_on_labelled`` false (the paper's L_MT, over the unlabelled images only): the labelled images get
-    the supervised method's view, drawn first from the same generator, so with the weight at 0 and the unlabelled
-    images kept out of the running statistics a step leaves the student exactly as the supervised step does. With
-    ``consistency_on_labelled`` true the student's labelled view is warp(x, M @ A), and the two part."""
-    def after_one_step(method, **kwargs):
-        torch.manual_seed(0)
-        net = build_unet(out_channels=2, features=TINY)
-        step = _step(method, net, weight=0.0, **kwargs)
-        out = step(net, _batch(b_l=3, b_u=3, seed=4), 0)
-        return net.state_dict(), out
-
-    ref, ref_out = after_one_step("supervised")
-    for on_labelled in (False, True):
-        state, out = after_one_step(method, consistency_on_labelled=on_labelled, unlabelled_bn_stats=False)
-        same = all(torch.equal(ref[k], state[k]) for k in ref)
-        assert same is (not on_labelled)
-        assert torch.equal(out["label"], ref_out["label"]) is (not on_labelled)
-    assert float(out["loss_reg"]) > 0  # the consistency itself is still measured, only weighted by 0
-
-
 def test_boolean_settings_take_command_line_strings_and_refuse_others():
-    """``--unlabelled_bn_stats false`` reaches the step as the string 'false' (bool('false') is True)."""
+    """``--compile_teacher false`` reaches the step as the string 'false' (bool('false') is True)."""
     from bim.engine import as_flag
 
     assert [as_flag(v, "k") for v in (True, False, "false", "False", "TRUE", "1", "0", 1, 0)] == \
         [True, False, False, False, True, True, False, True, False]
     for bad in ("no", "", None, 2, 0.5):
-        with pytest.raises(ValueError, match="unlabelled_bn_stats must be true or false"):
-            as_flag(bad, "unlabelled_bn_stats")
-    step = _step("mean_teacher", build_unet(out_channels=2, features=TINY), unlabelled_bn_stats="false",
-                 joint_student_batch="False")
-    assert step.unlabelled_bn_stats is False and step.joint_student_batch is False
-    with pytest.raises(ValueError, match="teacher_batch_stats"):
-        _step("mean_teacher", build_unet(out_channels=2, features=TINY), teacher_batch_stats="maybe")
-
-
-def test_bn_statistics_snapshot_restores_the_running_statistics():
-    torch.manual_seed(0)
-    bn = nn.BatchNorm2d(3).train()
-    x = torch.randn(4, 3, 5, 5) * 4 + 2
-    before = {k: v.clone() for k, v in bn.state_dict().items()}
-    snapshot = ss.bn_statistics(nn.Sequential(bn))
-    assert len(snapshot) == 3
-    y = bn(x)
-    assert not torch.equal(before["running_mean"], bn.running_mean)
-    torch.testing.assert_close(y.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-5, rtol=0)  # batch statistics
-    ss.restore_bn_statistics(snapshot)
-    assert all(torch.equal(before[k], v) for k, v in bn.state_dict().items())
+        with pytest.raises(ValueError, match="compile_teacher must be true or false"):
+            as_flag(bad, "compile_teacher")
+    step = _step("mean_teacher", build_unet(out_channels=2, features=TINY), compile_teacher="false", bf16="False")
+    assert step.settings.compile_teacher is False and step.settings.bf16 is False
+    with pytest.raises(ValueError, match="channels_last"):
+        _step("mean_teacher", build_unet(out_channels=2, features=TINY), channels_last="maybe")
 
 
 @pytest.mark.parametrize("method", ss.METHODS)
@@ -659,28 +620,30 @@ def test_every_method_takes_its_labelled_term_from_supervised_loss_function(meth
         disc = ss.PredictionDiscriminator(2, features=(8, 16))
         extra = dict(discriminator=disc, discriminator_optimizer=torch.optim.SGD(disc.parameters(), lr=0.1))
     plain = _step(method, net, **extra)
-    assert plain.supervised_loss_function is labelled_cross_entropy
+    assert plain.settings.supervised_loss_function is labelled_cross_entropy
     out = _step(method, net, supervised_loss_function=recording_loss, **extra)(net, _batch(), 0)
     assert calls and all(c == (torch.float32, (2, 2, 32, 32), (2, 1, 32, 32)) for c in calls)
     assert float(out["loss_sup"]) > 1.0  # cross-entropy of 2 classes at init is ~0.7: the +1 came through
 
 
-def test_the_teacher_batch_diagnosis_runs_on_the_demo_data(demo_dataset, tmp_path):
-    # docs/results/cpu_proxy_teacher_bn.py: the labelled scan's views change the teacher's unlabelled targets only
-    # through the joint batch's statistics; the script measures that per labelled scan and must run end to end, as
-    # its command line runs it (from another directory)
+def test_each_variant_config_names_its_methods_class_and_no_key_is_picked_by_method_name():
+    """The registry and the configs agree: ``variants/<method>.json`` sets ``method`` and builds ``train#step`` as
+    that method's class (``mean_teacher``: train.json's own step); no ``$`` expression chooses by ``@method``."""
     import json
-    import subprocess
 
-    torch.manual_seed(0)
-    checkpoint = tmp_path / "model.pt"
-    torch.save(build_unet(out_channels=2).state_dict(), checkpoint)
-    out = subprocess.run([sys.executable, str(ROOT / "docs" / "results" / "cpu_proxy_teacher_bn.py"), "--dataset_dir",
-                          str(demo_dataset), "--checkpoint", str(checkpoint), "--seeds", "0,1", "--batches", "2",
-                          "--batch_size", "2", "--unlabelled_batch_size", "2", "--crop_size", "64",
-                          "--max_unlabelled_scans", "3", "--threads", "1"],
-                         cwd=tmp_path, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["seed"] for r in rows] == [0, 1]  # fire hands "0,1" over as a tuple
-    assert 0.0 < rows[0]["mean_abs_foreground_prob_change"] and 0.0 <= rows[0]["unlabelled_pixels_whose_class_flips"] <= 1.0
+    configs = ROOT / "bundles" / "meanteacher_seg" / "configs"
+    train = json.loads((configs / "train.json").read_text())
+    assert set(ss.METHODS) == {p.stem for p in (configs / "variants").glob("*.json")}
+    for name, cls in ss.METHODS.items():
+        variant = json.loads((configs / "variants" / f"{name}.json").read_text())
+        step = variant.get("train#step", train["train"]["step"])
+        assert variant["method"] == name and step["_target_"] == f"bim.semi_supervised.{cls.__name__}", name
+
+    def expressions(node):
+        if isinstance(node, dict):
+            return [e for v in node.values() for e in expressions(v)]
+        if isinstance(node, list):
+            return [e for v in node for e in expressions(v)]
+        return [node] if isinstance(node, str) and node.startswith("$") else []
+
+    assert expressions(train) and not [e for e in expressions(train) if "@method" in e]

@@ -3,11 +3,10 @@
     python tools/benchmark_meanteacher.py [--batch_size 12] [--unlabelled_batch_size 12] [--size 224]
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
-                                          [--compile False] [--compile_mode None] [--joint_student_batch False]
-                                          [--cudnn_deterministic None] [--joint_teacher_batch False]
+                                          [--compile False] [--compile_mode None] [--cudnn_deterministic None]
                                           [--compile_teacher False]
 
-Times the bundle's own step (``bim.semi_supervised.SemiSupervisedStep``: augmentation of both batches on
+Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
 in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
 crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
@@ -20,9 +19,7 @@ tries CUDA graphs, which the bundles take as ``--compile_mode reduce-overhead``.
 pins cuDNN to deterministic algorithms; ``False`` lets it autotune. The default (None) times what the bundle runs: deterministic for
 ``--method supervised`` (``finetune_seg``), autotuned for the semi-supervised methods (``meanteacher_seg`` since 0.7.1,
 as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotuned, so its earlier numbers are those
-of autotuned cuDNN. ``--joint_teacher_batch False`` (the default, as ``meanteacher_seg`` runs since
-0.7.0) gives the teacher one forward for the labelled and one for the unlabelled views; ``True``, one forward of both,
-as the bundle did up to 0.6.0. ``--compile True --compile_teacher True`` compiles the teacher's forwards too (the
+of autotuned cuDNN. ``--compile True --compile_teacher True`` compiles the teacher's forwards too (the
 bundle's ``compile_teacher``, which also needs its ``compile``).
 """
 
@@ -46,8 +43,7 @@ def _sync(device: torch.device) -> None:
 def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224, iterations: int = 50,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
-         compile: bool = False, compile_mode: str | None = None, joint_student_batch: bool = False,
-         cudnn_deterministic: bool | None = None, joint_teacher_batch: bool = False,
+         compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
          compile_teacher: bool = False) -> None:
     from bim import semi_supervised as ss
     from bim.flags import require_flags
@@ -57,9 +53,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     if cudnn_deterministic is None:  # what the bundle that runs this step sets (its cudnn_deterministic default)
         cudnn_deterministic = method == "supervised"
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
-                   "joint_student_batch": joint_student_batch,
-                   "cudnn_deterministic": cudnn_deterministic, "joint_teacher_batch": joint_teacher_batch,
-                   "compile_teacher": compile_teacher})  # fire gives --compile false as the string 'false'
+                   "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -70,14 +64,10 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
     teacher = ss.ema_teacher(net, 0.99)
     optimizer = torch.optim.RAdam(net.parameters(), lr=1e-4)
-    disc = ss.PredictionDiscriminator(num_classes).to(dev)
-    step = ss.SemiSupervisedStep(
-        method, SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes, teacher=teacher,
-        weight=1.0, rampup_iterations=100, total_iterations=1000, discriminator=disc,
-        discriminator_optimizer=torch.optim.Adam(disc.parameters(), lr=1e-4), bf16=bf16, channels_last=channels_last,
-        joint_student_batch=joint_student_batch, joint_teacher_batch=joint_teacher_batch,
-        compile_teacher=compile and compile_teacher, compile_mode=compile_mode,
-    )
+    settings = ss.StepSettings(SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes,
+                               teacher=teacher, rampup_iterations=100, bf16=bf16, channels_last=channels_last,
+                               compile_teacher=compile and compile_teacher, compile_mode=compile_mode)
+    step = _method(ss, method, settings, dev)
     student = torch.compile(net, mode=compile_mode) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
     pool_l = torch.rand(64, 1, size, size, generator=g).to(dev)
@@ -100,7 +90,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         step(student, batches[it % len(batches)], warmup + it)
     _sync(dev)
     seconds = (time.perf_counter() - start) / iterations
-    images = batch_size + (unlabelled_batch_size if method not in ("supervised", "mixup") else 0)
+    images = batch_size + (unlabelled_batch_size if step.uses_unlabelled else 0)
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
         "method": method, "features": list(features), "size": size,
@@ -109,12 +99,26 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "ms_per_step": round(1000 * seconds, 3),
         "student_images_per_s": round(images / seconds, 1),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 3) if dev.type == "cuda" else None,
-        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode, "joint_student_batch": bool(joint_student_batch),
-        "cudnn_deterministic": bool(cudnn_deterministic), "joint_teacher_batch": bool(joint_teacher_batch),
+        "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode,
+        "cudnn_deterministic": bool(cudnn_deterministic),
         "compile_teacher": bool(compile and compile_teacher),
         "torch": torch.__version__,
     }
     print(json.dumps(result))
+
+
+def _method(ss, method: str, settings, dev: torch.device):
+    """``method``'s class from the registry (an unknown one: the registry's error), weight 1 (none for supervised),
+    UA-MT paced over 1,000 iterations, the adversarial method with the bundle's discriminator."""
+    cls = ss.method_class(method)
+    if cls is ss.Supervised:
+        return cls(settings)
+    if cls is ss.UncertaintyAwareMeanTeacher:
+        return cls(settings, 1.0, total_iterations=1000)
+    if cls is ss.Adversarial:
+        disc = ss.PredictionDiscriminator(settings.num_classes).to(dev)
+        return cls(settings, 1.0, disc, torch.optim.Adam(disc.parameters(), lr=1e-4))
+    return cls(settings, 1.0)
 
 
 def _cli(argv: list[str]) -> dict:

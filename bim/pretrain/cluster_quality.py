@@ -2,7 +2,7 @@
 
 Pre-training is label-free, but a data set's validation scans usually carry labels. Scoring the cluster maps
 against them tells, without any fine-tuning, whether a variant's clusters *mean the same thing in every scan*
--- the property that separated the full method from Ours (Dec) in ``docs/results`` (call J's cluster panels).
+-- the property that separated the full method from Ours (Dec) in ``docs/results`` (the cluster panels of acdc_fast).
 
 For each labelled structure c and cluster k, with n_kc the pixels of cluster k inside c:
 

@@ -65,7 +65,7 @@ class ClusterPanelHandler:
             model.train()
         usage = L.cluster_usage(probs)
         clusters = probs.argmax(1).cpu().numpy()
-        ent = L.entropy_map(probs)[:, 0].cpu().numpy()
+        ent = L.normalised_entropy_map(probs)[:, 0].cpu().numpy()
         edge_fn = L.sobel_edge_map if self.edge == "sobel" else (lambda t: L.gradient_power_edge_map(t, self.edge_power))
         edges = edge_fn(x.float())[:, 0].cpu().numpy()
         palette = cluster_palette(probs.shape[1])

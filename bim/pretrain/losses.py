@@ -38,7 +38,7 @@ __all__ = [
     "cluster_usage",
     "sobel_edge_map",
     "gradient_power_edge_map",
-    "entropy_map",
+    "normalised_entropy_map",
     "local_cross_correlation",
     "cc_loss",
     "supervised_contrastive_loss",
@@ -421,7 +421,7 @@ def gradient_power_edge_map(image: torch.Tensor, power: float = 0.75, eps: float
         return _safe_pow(_minmax_normalise(magnitude, eps), float(power))
 
 
-def entropy_map(p: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+def normalised_entropy_map(p: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     r"""Pixel-wise cluster entropy, the :math:`\varphi` of L_CC (high on cluster boundaries).
 
     .. math:: \varphi_i = \mathrm{minmax}\big(-\textstyle\sum_k p_{ik}\log(p_{ik}+\epsilon)\big)
@@ -510,7 +510,7 @@ def cc_loss(
     .. math:: L_{CC} = -\frac{1}{|\Omega|}\sum_{i\in\Omega} cc_i(\phi(I), \varphi(p))
 
     ``phi`` = edge map of the image (:func:`sobel_edge_map` as in the paper, or the authors'
-    :func:`gradient_power_edge_map` with ``power``), ``varphi`` = :func:`entropy_map` of the cluster
+    :func:`gradient_power_edge_map` with ``power``), ``varphi`` = :func:`normalised_entropy_map` of the cluster
     probabilities, ``cc`` = :func:`local_cross_correlation`.  The paper writes a sum over pixels;
     the mean (the authors' choice) keeps lambda_CC = 1 independent of the image size.  The edge map
     is a data-only target and is detached.  ``image`` and ``probs`` must be pixel-aligned (e.g.
@@ -542,7 +542,7 @@ def cc_loss(
             phi = sobel_edge_map(image, eps=eps)
         else:
             phi = gradient_power_edge_map(image, power=power, eps=eps)
-    varphi = entropy_map(probs, eps=eps)
+    varphi = normalised_entropy_map(probs, eps=eps)
     cc = local_cross_correlation(phi, varphi, window=window, eps=eps)
     m = _prepare_mask(mask, cc)
     if m is None:

@@ -34,11 +34,12 @@ class BIMPretrainNet(nn.Module):
         dense_projector: bool = False,
         in_channels: int = 1,
         dense_level: int = 1,
+        unet_style: str = "monai",
     ) -> None:
         super().__init__()
         dense = dense_channels(features, dense_level)  # validates dense_level
         self.dense_level = int(dense_level)
-        self.unet = build_unet(in_channels=in_channels, out_channels=1, features=features)
+        self.unet = build_unet(in_channels=in_channels, out_channels=1, features=features, unet_style=unet_style)
         self.cluster_head = ClusterHead(dense, num_clusters, num_subheads)
         self.global_projector = GlobalProjector(features[4], projector_dim, projector_dim)
         self.dense_projector = DenseProjector(dense) if dense_projector else None

@@ -8,5 +8,5 @@ from pathlib import Path
 
 
 def bundle_root() -> str:
-    """This bundle's folder (`monai.bundle run` puts it on `sys.path`, which makes this package importable)."""
+    """This bundle's folder (`monai.bundle run` puts it on the import path, which makes this package importable)."""
     return Path(__file__).resolve().parents[1].as_posix()

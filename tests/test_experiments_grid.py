@@ -1,0 +1,103 @@
+"""tools/experiments: a preset becomes a grid of bundle runs; a grid already run is skipped."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from experiments.grid import build_grid  # noqa: E402
+from experiments.runner import run_dir, run_grid  # noqa: E402
+from experiments.vocabulary import ACDC_ROWS, ExperimentError  # noqa: E402
+
+
+def test_the_paper_grid_has_every_row_cell_seed_and_lr_after_its_pre_trainings():
+    grid = build_grid("acdc_paper", "/data", "/work")
+    pre = [r for r in grid if r.kind == "pretrain"]
+    seg = [r for r in grid if r.kind != "pretrain"]
+    assert [r.name for r in pre] == ["pre_iic_dec", "pre_contrast_enc", "pre_ours_mi_cc", "pre_full"]
+    assert grid[:4] == pre  # pre-trainings first
+    assert len(seg) == len(ACDC_ROWS) * 3 * 3 * 3 * 3  # rows x tasks x counts x seeds x LRs
+    mt = next(r for r in seg if r.name == "mt_pre_full_rv_n2_s1_lr5e-4")
+    assert mt.kind == "meanteacher" and mt.depends == ("pre_full",)
+    assert mt.meta == {"method": "MT + Ours", "init": "pre_full", "task": "rv", "labelled_scans": 2, "seed": 1,
+                       "lr": 5e-4, "paper_lr": 2e-5, "preset": "acdc_paper"}
+    train = mt.commands[0]
+    assert train[1:5] == ("-m", "monai.bundle", "run", "--config_file")
+    assert train[train.index("--pretrained") + 1] == str(Path("/work/runs/pre_full/model.pt").resolve())
+
+
+def test_select_narrows_and_keeps_the_pre_trainings_the_runs_need():
+    grid = build_grid("acdc_paper", "/data", "/work",
+                      select={"methods": "Baseline,Contrast (Enc) + Ours (Dec)", "tasks": "lv", "seeds": 0,
+                              "lrs": [1e-4], "counts": "1,4"})
+    assert [r.name for r in grid] == ["pre_full", "ft_random_lv_n1_s0_lr1e-4", "ft_random_lv_n4_s0_lr1e-4",
+                                      "ft_pre_full_lv_n1_s0_lr1e-4", "ft_pre_full_lv_n4_s0_lr1e-4"]
+    only = build_grid("acdc_paper", "/data", "/work", select={"only": "ft_pre_full_myo_n2_s2_*"})
+    assert [r.name for r in only] == ["pre_full"] + [f"ft_pre_full_myo_n2_s2_lr{x}" for x in ("2e-5", "1e-4", "5e-4")]
+
+
+def test_a_tag_names_its_runs_and_rows_and_records_its_overrides():
+    grid = build_grid("smoke", "/data", "/work", select={"methods": "Baseline"}, tag="adam",
+                      overrides={"optimizer#_target_": "torch.optim.Adam", "compile_mode": "null"})
+    (run,) = grid
+    assert run.name == "ft_random_lv_n1_s0_lr1e-3_adam" and run.meta["method"] == "Baseline [adam]"
+    assert json.loads(run.meta["overrides"]) == {"compile_mode": None, "optimizer#_target_": "torch.optim.Adam"}
+    args = run.commands[0]
+    assert args[args.index("--compile_mode") + 1] == "None"
+    with pytest.raises(ExperimentError, match="--tag"):
+        build_grid("smoke", "/data", "/work", overrides={"epochs": 2})
+
+
+def test_the_ablation_grid_pre_trains_each_value_once_and_the_shared_point_once():
+    grid = build_grid("acdc_ablation_fast", "/data", "/work")
+    pre = [r.name for r in grid if r.kind == "pretrain"]
+    assert len(pre) == 5 + 4 + 5 - 2  # alpha, lambda_CC and K values; the default point shared by the three
+    assert "pre_full_alpha0.5" in pre and "pre_full_lambda_cc1" not in pre and "pre_full_num_clusters40" not in pre
+    assert {r.meta["ablation"] for r in grid if r.kind == "finetune"} == {"alpha", "lambda_cc", "num_clusters"}
+
+
+def test_bad_input_is_refused_with_the_allowed_values():
+    with pytest.raises(ExperimentError, match="acdc_paper"):
+        build_grid("acdc", "/data", "/work")
+    with pytest.raises(ExperimentError, match="Mean Teacher"):
+        build_grid("acdc_paper", "/data", "/work", select={"methods": "Mean teacher"})
+    with pytest.raises(ExperimentError, match="select"):
+        build_grid("acdc_paper", "/data", "/work", select={"task": "lv"})
+
+
+def _fake_finetune(grid, work: Path, dice: float):
+    """The smoke grid's fine-tune with commands that write what a finished finetune_seg run leaves."""
+    from dataclasses import replace
+
+    run = next(r for r in grid if r.kind == "finetune")
+    out = run_dir(work, run)
+    script = (f"import json, pathlib; o = pathlib.Path({str(out)!r}); (o / 'eval').mkdir(parents=True, exist_ok=True); "
+              f"(o / 'eval' / 'test_summary.json').write_text(json.dumps({{'mean': {dice}, 'std': 0.1, 'n': 4}})); "
+              f"(o / 'best_metric.json').write_text(json.dumps({{'value': 0.5, 'epoch': 3}}))")
+    return replace(run, commands=((sys.executable, "-c", script),), depends=())
+
+
+def test_a_run_is_executed_once_and_skipped_when_its_result_exists(tmp_path):
+    grid = build_grid("smoke", "/data", tmp_path, select={"methods": "Baseline"})
+    run = _fake_finetune(grid, tmp_path, 0.75)
+    first = run_grid([run], tmp_path, log=lambda *_: None)
+    assert first["done"] == 1 and first["skipped_existing"] == 0
+    result = json.loads((run_dir(tmp_path, run) / "result.json").read_text())
+    assert result["test_dice"] == 0.75 and result["val_dice"] == 0.5 and result["method"] == "Baseline"
+    again = run_grid([run], tmp_path, log=lambda *_: None)
+    assert again["done"] == 0 and again["skipped_existing"] == 1
+
+
+def test_a_failed_pre_training_skips_the_runs_that_start_from_it(tmp_path):
+    from dataclasses import replace
+
+    grid = build_grid("smoke", "/data", tmp_path, select={"methods": "Contrast (Enc) + Ours (Dec)"})
+    pre, ft = grid
+    failing = replace(pre, commands=((sys.executable, "-c", "raise SystemExit(3)"),))
+    counts = run_grid([failing, ft], tmp_path, log=lambda *_: None)
+    assert counts["failed"] == 1 and counts["skipped_dependency"] == 1 and counts["done"] == 0
+    assert json.loads((run_dir(tmp_path, pre) / "run.json").read_text())["returncode"] == 3

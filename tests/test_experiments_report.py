@@ -1,0 +1,91 @@
+"""tools/experiments: a known results CSV renders to a known table; the committed pages match their CSVs; the
+package's imports run one way."""
+
+import ast
+import csv
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from experiments import pages  # noqa: E402
+from experiments.report import ReportSpec, load_spec, write_report  # noqa: E402
+
+PACKAGE = ROOT / "tools" / "experiments"
+# each module may import only those before it
+LAYERS = ("vocabulary", "grid", "runner", "collection", "tables", "sections", "figures", "report", "pages", "cli")
+COLUMNS = ("name", "kind", "method", "init", "task", "labelled_scans", "seed", "lr", "paper_lr", "val_dice",
+           "test_dice", "gpu", "wall_s")
+
+
+def _write_csv(path: Path, runs) -> Path:
+    """Runs ``(method, seed, lr, val_dice, test_dice)`` of LV at 1 labelled scan as a results CSV."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for method, seed, lr, val, test in runs:
+            init = "random" if method == "Baseline" else "pre_full"
+            w.writerow([f"{method}_{seed}_{lr}", "finetune", method, init, "lv", 1, seed, lr, 1e-4, val, test,
+                        "NVIDIA H200", 100.0])
+    return path
+
+
+def test_a_known_csv_renders_to_a_known_table(tmp_path):
+    csv_path = _write_csv(tmp_path / "results.csv", [
+        ("Baseline", 0, 1e-4, 0.5, 0.50), ("Baseline", 1, 1e-4, 0.5, 0.60),
+        ("Baseline", 0, 5e-4, 0.9, 0.70), ("Baseline", 1, 5e-4, 0.1, 0.10),
+        ("Contrast (Enc) + Ours (Dec)", 0, 1e-4, 0.5, 0.80), ("Contrast (Enc) + Ours (Dec)", 1, 1e-4, 0.5, 0.90)])
+    readme = write_report(ReportSpec(csvs=[csv_path], title="Known", paper_lr=1e-4), tmp_path / "out")[0]
+    text = readme.read_text()
+    paper = text[text.index("## Paper protocol"):text.index("## Each method")]
+    assert ("| method | LV 1 |\n|---|---|\n| Baseline | 55.00 (5.00) n=2 |\n"
+            "| Contrast (Enc) + Ours (Dec) | **85.00 (5.00) n=2** |") in paper
+    assert "| Contrast (Enc) + Ours (Dec) | +0.5 |" in paper  # the gap to the paper's 84.48
+    assert "| Contrast (Enc) + Ours (Dec) | Baseline | 2 | 2 | 0.50 | +30.0 (+30.0 to +30.0) | +17.4 |" in paper
+    tuned = text[text.index("## Each method"):]
+    # validation chooses 5e-4 for seed 0 (test 0.70) and 1e-4 for seed 1 (test 0.60)
+    assert "| Baseline | 65.00 (5.00) n=2 |" in tuned
+    assert "| Baseline | LV 1 | s0: 5e-4, s1: 1e-4 | 1e-4: 55.0, 5e-4: 40.0 |" in tuned
+    assert "| Baseline | 4 | NVIDIA H200 (4) | 0.1 |" in text  # where the runs ran, from the CSV rows
+
+
+def test_the_summary_page_tables_match_the_committed_csvs():
+    assert pages.regenerate(check=True) == []
+
+
+def test_a_protocol_page_matches_its_committed_csvs(tmp_path):
+    folder = pages.RESULTS / "promise12_paper_length"
+    shutil.copy(folder / "cluster_panels.png", tmp_path)  # drawn from pre-training folders that are not committed
+    written = write_report(load_spec(folder), tmp_path)
+    assert written[0].read_text() == (folder / "README.md").read_text()
+    assert written[1].read_text() == (folder / "table_cells.json").read_text()
+
+
+def _imports(module: Path) -> set[str]:
+    """The package modules ``module`` imports (relative imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.add(node.module.split(".")[0] if node.module else "")
+    return found
+
+
+def test_the_package_imports_run_one_way():
+    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    assert modules == set(LAYERS)
+    for name in LAYERS:
+        later = set(LAYERS[LAYERS.index(name):])
+        assert not _imports(PACKAGE / f"{name}.py") & later, f"{name} imports a module at or below its layer"
+
+
+def test_no_function_is_longer_than_80_lines_and_no_command_takes_more_than_8_options():
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno - node.lineno + 1 <= 80, f"{path.name}: {node.name}"
+    cli = ast.parse((PACKAGE / "cli.py").read_text())
+    commands = next(n for n in cli.body if isinstance(n, ast.ClassDef) and n.name == "CLI").body
+    for fn in (n for n in commands if isinstance(n, ast.FunctionDef)):
+        assert len(fn.args.args) - 2 <= 8, fn.name  # all but self and the first, positional, argument
