@@ -33,7 +33,6 @@ TINY = dict(features=SMALL, iters_per_epoch=20, batch_size=8, crop_size=64, lear
             save_every=10, progress_bar=False)
 EPOCHS = 4
 TRAIN_SCANS = [f"patient{i:03d}_frame01" for i in (1, 2, 3, 4, 6)]  # 4 train, 1 validation (val_split 0.2)
-VALIDATION = TRAIN_SCANS[-1]  # MONAI Label's split (val_split 0.2, not shuffled) holds it out of training
 LV = 3  # ACDC's label value of the LV cavity in the raw ground truth
 # Inference scores the validation scan on its raw grid (1.47 mm), training's validation on the 1 mm grid: the two
 # Dice differ only where the boundary falls between grids, a band one raw voxel wide around an LV of radius ~12 mm,
@@ -66,6 +65,12 @@ def make_datastore(path: Path, label_of=lambda gt: (gt == LV).astype(np.uint8)):
         nib.save(nib.Nifti1Image(label_of(np.asarray(src.dataobj)), src.affine, src.header),
                  path / "labels" / "final" / image.name)
     return LocalDatastore(str(path), extensions=("*.nii.gz",))
+
+
+def validation_scan(datastore) -> str:
+    """The scan MONAI Label's split holds out for validation: val_split 0.2 of 5 scans, not shuffled, is the last one
+    of the datastore's list (whose order is the file system's)."""
+    return Path(datastore.datalist()[-1]["image"]).name.removesuffix(".nii.gz")
 
 
 def export_into_app(bundle: str, app: Path, **settings) -> Path:
@@ -155,7 +160,7 @@ def finetune_app(tmp_path_factory) -> dict:
     bundle = export_into_app("finetune_seg", tmp / "app", **TINY)
     datastore = make_datastore(tmp / "datastore")
     log = train(bundle, datastore, max_epochs=EPOCHS)
-    return {"bundle": bundle, "datastore": datastore, "log": log,
+    return {"bundle": bundle, "datastore": datastore, "log": log, "validation": validation_scan(datastore),
             "first": json.loads((bundle / "models" / "best_metric.json").read_text())}
 
 
@@ -167,7 +172,7 @@ def test_train_task_learns_from_raw_datastore_scans(finetune_app):
     assert "task lv: 4 labelled scans" in finetune_app["log"]
     # validation Dice (3D, the datastore's validation scan) of the model written: the LV found (an all-LV mask
     # scores all_lv_dice, ~0.08; an empty one 0)
-    val_gt = raw_scan(VALIDATION)[1]
+    val_gt = raw_scan(finetune_app["validation"])[1]
     print(f"validation Dice after the first request: {first['value']:.3f} (all-LV mask {all_lv_dice(val_gt):.3f})")
     assert first["value"] > max(0.5, all_lv_dice(val_gt)), first
     assert first["epochs"] == EPOCHS and first["checkpoint"] == (models / "model.pt").as_posix()
@@ -182,7 +187,7 @@ def test_train_task_learns_from_raw_datastore_scans(finetune_app):
 
 
 def test_infer_task_writes_the_mask_in_the_input_geometry(finetune_app):
-    image, gt = raw_scan(VALIDATION)
+    image, gt = raw_scan(finetune_app["validation"])
     mask, result = infer(finetune_app["bundle"], image)
     src = nib.load(image)
     assert mask.shape == src.shape
@@ -241,10 +246,11 @@ def test_meanteacher_trains_and_infers_with_unlabelled_scans(tmp_path):
 
     bundle = export_into_app("meanteacher_seg", tmp_path / "app", **TINY, dataset_dir=str(ensure_demo_dataset()),
                              unlabelled_batch_size=4)
-    log = train(bundle, make_datastore(tmp_path / "datastore"), max_epochs=EPOCHS)
+    datastore = make_datastore(tmp_path / "datastore")
+    log = train(bundle, datastore, max_epochs=EPOCHS)
     assert "both zero-padded to" in log  # raw labelled slices beside the demo's 128 x 128 unlabelled ones
     record = json.loads((bundle / "models" / "best_metric.json").read_text())
-    image, gt = raw_scan(VALIDATION)
+    image, gt = raw_scan(validation_scan(datastore))
     print(f"mean teacher validation Dice: {record['value']:.3f} (all-LV mask {all_lv_dice(gt):.3f})")
     assert record["method"] == "mean_teacher" and record["value"] > max(0.5, all_lv_dice(gt)), record
     mask, _ = infer(bundle, image)
