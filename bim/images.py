@@ -22,6 +22,14 @@ def mask_outline(mask: np.ndarray) -> np.ndarray:
     return mask.astype(bool) & ~inner
 
 
+def tile_rows(rows: list[list[np.ndarray]], frame: int = 2) -> np.ndarray:
+    """RGB tiles [h, w, 3] of equal size as one image: a row of tiles per list, each tile framed by ``frame``
+    black pixels."""
+    return np.concatenate([
+        np.concatenate([np.pad(t, ((frame, frame), (frame, frame), (0, 0))) for t in tiles], axis=1) for tiles in rows
+    ], axis=0)
+
+
 def save_png(rgb: np.ndarray, path: Path) -> Path:
     """Write an RGB uint8 array as PNG atomically (temporary file, then rename)."""
     from PIL import Image

@@ -8,7 +8,9 @@
 - :class:`BestMetricSaver`: keeps the weights of the best validation epoch as ``model.pt`` + ``best_metric.json``;
 - :class:`ValidateAtEnd`: validates after the last epoch when it is not a multiple of the validation interval;
 - :class:`ScanDiceWriter`: writes per-scan Dice (CSV) and its summary (JSON) of an evaluation run;
-- :class:`PredictionPanelWriter`: a PNG of a few scans' label and prediction outlines after an evaluation run.
+- :class:`PredictionPanelWriter`: a PNG of a few scans' label and prediction outlines after an evaluation run;
+- :func:`scan_preprocessing` and :func:`label_map_postprocessing`: the inference configs' way from a NIfTI scan to the
+  network's input and from its output back to a label map in the scan's geometry.
 """
 
 from __future__ import annotations
@@ -466,3 +468,36 @@ class PrepareRawScand(MapTransform):
 
     def __call__(self, data):
         return dict(data) if is_prepared(data) else self.prepare(dict(data))
+
+
+def scan_preprocessing(task: str, pixdim: float = 1.0, prostate_size: int = 256, keys: str = "image", divisor: int = 16):
+    """A NIfTI scan (its path under ``keys``) as the network's input, every step invertible (``Invertd``): load,
+    channel first, :func:`scan_preparation` (data_prep's in-plane resampling and 1 % / 99 % percentile scaling), in-plane
+    zero padding to a multiple of ``divisor``, float32. The inference configs' ``preprocessing``."""
+    from monai.transforms import Compose, DivisiblePadd, EnsureChannelFirstd, EnsureTyped, LoadImaged
+
+    return Compose([
+        LoadImaged(keys=keys, reader="NibabelReader"),
+        EnsureChannelFirstd(keys=keys),
+        scan_preparation(keys, task, pixdim=pixdim, prostate_size=prostate_size),
+        DivisiblePadd(keys=keys, k=[divisor, divisor, 1]),
+        EnsureTyped(keys=keys, dtype=torch.float32),
+    ])
+
+
+def label_map_postprocessing(preprocessing, output_dir: str, output_postfix: str = "seg", before_inverse=(),
+                             keys: str = "pred", orig_keys: str = "image"):
+    """The network's logits under ``keys`` [C, H, W, D] as a label map in the input scan's geometry, written as NIfTI
+    ``output_dir/<scan>_<output_postfix>.nii.gz`` (uint8): softmax over C, ``before_inverse`` (transforms that see
+    the probabilities in the network's geometry, e.g. a panel writer), the inverse of ``preprocessing`` (bilinear on
+    the probabilities), argmax. The inference configs' ``postprocessing``."""
+    from monai.transforms import Activationsd, AsDiscreted, Compose, Invertd, SaveImaged
+
+    return Compose([
+        Activationsd(keys=keys, softmax=True),
+        *before_inverse,
+        Invertd(keys=keys, transform=preprocessing, orig_keys=orig_keys, nearest_interp=False, to_tensor=True),
+        AsDiscreted(keys=keys, argmax=True),
+        SaveImaged(keys=keys, output_dir=output_dir, output_postfix=output_postfix, output_dtype=np.uint8,
+                   resample=False, separate_folder=False, print_log=False),
+    ])

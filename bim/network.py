@@ -1,9 +1,10 @@
-"""The paper's U-Net and access to its global and dense embeddings.
+"""The paper's U-Net and the decoder blocks its dense embedding can be taken from.
 
 The network is MONAI's :class:`monai.networks.nets.BasicUNet` with 2D blocks of widths 32-64-128-256-512
 (5 encoder blocks ``conv_0``, ``down_1`` ... ``down_4``; 4 decoder blocks ``upcat_4`` ... ``upcat_1``;
-each block (3x3 conv, BatchNorm, ReLU) x 2) and a final 1x1 convolution ``final_conv``. Pre-trained
-weights are plain BasicUNet state dicts, so they load into the fine-tuning network without key surgery.
+each block (3x3 conv, BatchNorm, ReLU) x 2) and a final 1x1 convolution ``final_conv``. Pre-training
+(:class:`bim.pretrain.model.BIMClusterNet`) keeps it as ``unet`` with BasicUNet's names, so the fine-tuning network
+loads its weights by name (:func:`bim.segmentation.load_pretrained`).
 """
 
 from __future__ import annotations
@@ -115,19 +116,6 @@ def set_decoder_padding(net: BasicUNet, always: bool) -> BasicUNet:
     return net
 
 
-def unet_encoder_features(net: BasicUNet, x: torch.Tensor) -> list[torch.Tensor]:
-    """Outputs of the 5 encoder blocks ``conv_0``, ``down_1`` ... ``down_4`` (the skip connections)."""
-    feats = [net.conv_0(x)]
-    for block in (net.down_1, net.down_2, net.down_3, net.down_4):
-        feats.append(block(feats[-1]))
-    return feats
-
-
-def unet_global_embedding(net: BasicUNet, x: torch.Tensor) -> torch.Tensor:
-    """The encoder output only (``down_4``): the global embedding, without running the decoder."""
-    return unet_encoder_features(net, x)[-1]
-
-
 DENSE_LEVELS = {1: "upcat_1", 2: "upcat_2", 3: "upcat_3", 4: "upcat_4"}
 
 
@@ -147,37 +135,7 @@ def dense_channels(features: Sequence[int], dense_level: int = 1) -> int:
     return int(features[5] if k == 1 else features[k - 1])
 
 
-def unet_embeddings(net: BasicUNet, x: torch.Tensor, ablate_levels: Sequence[int] = (),
-                    dense_level: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``net`` without its final 1x1 conv and return ``(global_embedding, dense_embedding)``.
-
-    ``global_embedding`` is the encoder output (``down_4``, 512 channels at 1/16 resolution, the paper's
-    ``conv5``); ``dense_embedding`` is the last decoder block (``upcat_1``, 32 channels at full resolution,
-    the paper's ``upconv2``), i.e. the layer right before ``final_conv``. ``dense_level`` k > 1 takes it from the
-    deeper block ``upcat_k`` instead (1/2^(k-1) resolution; the blocks after it are not run): the paper clusters
-    "dense embeddings taken from some intermediate layer of the decoder" and names the last one.
-
-    ``ablate_levels`` (a probe of a trained network, not for training): encoder levels 0-4 whose output reaches the
-    decoder as its per-channel spatial mean (each image its own), i.e. without its spatial information. Level 4 is
-    the bottleneck, the whole deep path; levels 0-3 are the skip connections of ``conv_0`` ... ``down_3`` (the
-    deeper levels are still computed from them). The global embedding is never ablated.
-    """
-    dense_level = check_dense_level(dense_level)
-    feats = unet_encoder_features(net, x)
-    x0, x1, x2, x3, x4 = feats
-    if ablate_levels:
-        if any(not 0 <= int(k) <= 4 for k in ablate_levels):
-            raise ValueError(f"ablate_levels must be encoder levels 0-4, got {list(ablate_levels)}")
-        x0, x1, x2, x3, x4 = (f.mean((-2, -1), keepdim=True).expand_as(f) if k in ablate_levels else f
-                              for k, f in enumerate(feats))
-    u = net.upcat_4(x4, x3)
-    for level, (block, skip) in zip((3, 2, 1), ((net.upcat_3, x2), (net.upcat_2, x1), (net.upcat_1, x0))):
-        if dense_level > level:
-            break
-        u = block(u, skip)
-    return feats[4], u
-
-
 def backbone_state_dict(net: BasicUNet) -> dict[str, torch.Tensor]:
-    """The weights a pre-training run hands to fine-tuning: everything but the (untrained) ``final_conv``."""
+    """A U-Net's weights without its ``final_conv``: the ``model.pt`` pre-training runs wrote before pretrain_bim 0.3.0
+    (fine-tuning still loads them; since 0.3.0 ``model.pt`` is a :class:`bim.pretrain.model.BIMClusterNet`'s)."""
     return {k: v.detach().cpu() for k, v in net.state_dict().items() if not k.startswith("final_conv.")}

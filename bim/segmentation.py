@@ -28,7 +28,7 @@ from .tasks import SegmentationTask, get_task, labelled_key
 
 logger = logging.getLogger("bim")
 
-_PREFIXES = ("", "module.", "unet.", "_orig_mod.", "model.", "network.")
+_PREFIXES = ("", "module.", "unet.", "cluster_net.unet.", "_orig_mod.", "model.", "network.")
 
 
 def _unwrap(network: nn.Module) -> nn.Module:

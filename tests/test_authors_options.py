@@ -173,11 +173,12 @@ def test_authors_unet_has_relu_no_bias_bn_momentum_001_and_nearest_upsampling():
 
 
 def test_authors_decoder_features_are_post_relu():
-    from bim.network import unet_embeddings
+    from bim.pretrain.model import BIMClusterNet
 
-    net = build_unet(1, 2, features=(8, 8, 16, 16, 32, 8), unet_style="authors").eval()
-    _, dense = unet_embeddings(net, torch.rand(2, 1, 32, 32))
+    net = BIMClusterNet(num_clusters=4, num_subheads=1, features=(8, 8, 16, 16, 32, 8), unet_style="authors").eval()
+    _, dense = net.embeddings(torch.rand(2, 1, 32, 32))
     assert float(dense.min()) >= 0.0
+    assert torch.jit.script(net)(torch.rand(1, 1, 32, 32)).shape == (1, 4, 32, 32)  # the authors' decoder exports too
 
 
 def test_a_bad_unet_style_names_the_key():

@@ -141,6 +141,27 @@ def test_load_pretrained_accepts_wrapped_checkpoints(tmp_path):
     assert len(net.pretrained_report["loaded"]) == len(source.state_dict())
 
 
+def test_load_pretrained_finds_every_backbone_tensor_of_a_cluster_network(tmp_path):
+    # model.pt of pretrain_bim (>= 0.3.0) is a BIMClusterNet's state dict (unet.* without final_conv, cluster_head.*);
+    # its checkpoints hold it as cluster_net.*; the fine-tuning U-Net takes every backbone tensor from either
+    from bim.network import backbone_state_dict
+    from bim.pretrain.model import BIMClusterNet, BIMPretrainNet
+    from bim.segmentation import load_pretrained
+
+    torch.manual_seed(0)
+    cluster_net = BIMClusterNet(num_clusters=7, num_subheads=2, features=SMALL)
+    backbone = backbone_state_dict(build_unet(out_channels=4, features=SMALL))
+    files = {"model.pt": cluster_net.state_dict(),
+             "checkpoint_final.pt": {"network": BIMPretrainNet(cluster_net, 16).state_dict(), "optimizer": {}}}
+    for name, obj in files.items():
+        net = load_pretrained(build_unet(out_channels=4, features=SMALL), _save(obj, tmp_path / name))
+        report = net.pretrained_report
+        assert sorted(report["loaded"]) == sorted(backbone) and len(report["loaded"]) == len(backbone) == 134, name
+        assert report["not_loaded"] == ["final_conv.bias", "final_conv.weight"] and report["shape_mismatch"] == []
+        for k in backbone:
+            assert torch.equal(net.state_dict()[k], cluster_net.unet.state_dict()[k]), (name, k)
+
+
 def test_load_pretrained_refuses_another_architecture(tmp_path):
     from bim.segmentation import load_pretrained
 
@@ -451,44 +472,49 @@ def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is
             parser.read_config(str(ROOT / "bundles" / bundle / "configs" / "train.json"))
             assert parser.get_parsed_content("train#trainer#loss_function") is labelled_cross_entropy
             if bundle == "meanteacher_seg":  # the semi-supervised step's labelled term is that same loss
-                assert parser["train#step#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
+                assert parser["train#step_settings#supervised_loss_function"].replace("::", "#") == "@train#trainer#loss_function"
         finally:
             sys.path.remove(str(ROOT / "bundles" / bundle))
 
 
-def test_unet_embeddings_ablate_levels_removes_only_that_levels_spatial_information():
+def test_cluster_net_ablate_levels_removes_only_that_levels_spatial_information():
     # the path-dependence probe of pretrain_bim: a level reaches the decoder as its per-channel spatial mean
-    from bim.network import unet_embeddings
+    from bim.pretrain.model import BIMClusterNet
 
     torch.manual_seed(0)
-    net = build_unet(out_channels=1, features=SMALL).train()  # batch statistics: every level is well scaled
+    net = BIMClusterNet(num_clusters=6, num_subheads=1, features=SMALL).train()  # batch statistics: levels well scaled
     x = torch.randn(2, 1, 64, 64)
-    glob, dense = unet_embeddings(net, x)
-    assert torch.equal(unet_embeddings(net, x, ())[1], dense)
+    glob, dense = net.embeddings(x)
+    assert torch.equal(net.embeddings(x, [])[1], dense)
     for level in range(5):
-        g, d = unet_embeddings(net, x, [level])
+        g, d = net.embeddings(x, [level])
         assert torch.equal(g, glob) and d.shape == dense.shape  # the global embedding is never ablated
         assert (d - dense).abs().max() > 1e-3, f"ablating level {level} must change the dense embedding"
     # an image whose level-4 features are already spatially constant is unchanged by ablating level 4
-    net.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
+    net.unet.down_4.register_forward_hook(lambda m, i, o: o.mean((-2, -1), keepdim=True).expand_as(o).contiguous())
     # ablating recomputes the mean of the level's already equal values: a sum of (64 / 16)^2 rounded terms, whose
     # relative error the decoder (batch statistics) carries to every output at the output's scale
     level4_terms = (x.shape[-2] // 16) * (x.shape[-1] // 16)
-    assert_close_to_scale(unet_embeddings(net, x, [4])[1], unet_embeddings(net, x)[1], level4_terms, "level 4 ablated")
+    assert_close_to_scale(net.embeddings(x, [4])[1], net.embeddings(x)[1], level4_terms, "level 4 ablated")
     with pytest.raises(ValueError, match="ablate_levels must be encoder levels 0-4"):
-        unet_embeddings(net, x, [5])
+        net.embeddings(x, [5])
 
 
-def test_unet_embeddings_dense_level_takes_a_deeper_decoder_block():
-    from bim.network import dense_channels, unet_embeddings
+def test_cluster_net_dense_level_takes_a_deeper_decoder_block():
+    from bim.network import dense_channels
+    from bim.pretrain.model import BIMClusterNet
 
-    net = build_unet(out_channels=1, features=SMALL).eval()
+    torch.manual_seed(0)
+    net = BIMClusterNet(num_clusters=6, num_subheads=1, features=SMALL).eval()
     x = torch.randn(2, 1, 64, 64)
-    glob, last = unet_embeddings(net, x)
-    assert torch.equal(unet_embeddings(net, x, dense_level=1)[1], last)  # the paper's block is the default
+    glob, last = net.embeddings(x)
+    assert tuple(last.shape) == (2, SMALL[5], 64, 64)  # the paper's block (upcat_1) is the default
     for level, (channels, size) in {2: (16, 32), 3: (32, 16), 4: (64, 8)}.items():
-        g, d = unet_embeddings(net, x, dense_level=level)
+        deeper = BIMClusterNet(num_clusters=6, num_subheads=1, features=SMALL, dense_level=level).eval()
+        deeper.unet.load_state_dict(net.unet.state_dict())  # the same U-Net (the head's input width differs)
+        g, d = deeper.embeddings(x)
         assert torch.equal(g, glob) and tuple(d.shape) == (2, channels, size, size) == (2, dense_channels(SMALL, level), size, size)
+        assert tuple(deeper(x).shape) == (2, 6, 64, 64)  # the logits are upsampled to the image
     assert dense_channels(SMALL, 1) == SMALL[5]
     for bad in (0, 5, True, "2"):
         with pytest.raises(ValueError, match="dense_level must be one of"):

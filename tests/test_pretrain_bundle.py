@@ -1,4 +1,5 @@
-"""The pretrain_bim bundle end to end: properties, outputs, every Table 1 variant, determinism, resume."""
+"""The pretrain_bim bundle end to end: properties, outputs, every Table 1 variant, determinism, resume (its
+inference.json, TorchScript export and shape check: test_pretrain_inference.py)."""
 
 import json
 import os
@@ -32,11 +33,10 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
                       iters_per_epoch=2, crop_size=64, scans_per_batch=2, log_every=1, panel_every=2, save_every=2,
                       progress_bar=False)
     state = torch.load(out / "model.pt", weights_only=True)
-    from monai.networks.nets import BasicUNet
+    from bim.pretrain.model import BIMClusterNet
 
-    net = BasicUNet(spatial_dims=2, in_channels=1, out_channels=4, features=(32, 64, 128, 256, 512, 32), norm="batch")
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    assert unexpected == [] and sorted(missing) == ["final_conv.bias", "final_conv.weight"]
+    BIMClusterNet().load_state_dict(state)  # the default network_def, strictly: U-Net without final_conv + cluster head
+    assert not any(k.startswith("unet.final_conv.") for k in state) and "cluster_head.heads.2.weight" in state
     panels = sorted((out / "panels").glob("clusters_iter*.png"))
     assert [p.name for p in panels] == ["clusters_iter000002.png", "clusters_iter000004.png"]
     from PIL import Image
@@ -176,7 +176,7 @@ def test_dense_level_clusters_a_deeper_decoder_block_and_scores_it_at_the_image_
     run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=demo_dataset, output_dir=out,
                **{**TINY, "panel_every": 2, "iters_per_epoch": 2, "dense_level": 2})
     state = torch.load(out / "checkpoint_final.pt", weights_only=True)["network"]
-    assert state["cluster_head.heads.0.weight"].shape[1] == TINY["features"][1]  # upcat_2's width
+    assert state["cluster_net.cluster_head.heads.0.weight"].shape[1] == TINY["features"][1]  # upcat_2's width
     from PIL import Image
 
     w, h = Image.open(out / "panels" / "clusters_latest.png").size

@@ -32,6 +32,7 @@ from ignite.engine import Engine, Events
 
 from ..data import read_items, resolve_dataset_dir, volume_loader
 from ..inference import SliceBatchInferer, atomic_write_text
+from .model import upgrade_pretrain_state_dict
 
 logger = logging.getLogger("bim")
 
@@ -131,7 +132,7 @@ class ClusterQualityHandler:
 
     def _scan_clusters(self, model, ablate_levels=()):
         """Per labelled ``split`` scan: (cluster index map, label map), both [H, W, D] on the CPU, in eval mode;
-        ``ablate_levels`` as :func:`bim.network.unet_embeddings`'s."""
+        ``ablate_levels`` as :meth:`bim.pretrain.model.BIMClusterNet.embeddings`'."""
         items, _ = self._labelled_items()
         device = next(model.parameters()).device
         load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
@@ -165,7 +166,7 @@ class ClusterQualityHandler:
     def path_dependence(self, model, levels=(0, 1, 2, 3, 4)) -> dict | None:
         """Which encoder levels the clusters are computed from. For each level k, the level's output reaches the
         decoder without its spatial information (its per-channel mean: ``ablate_levels=[k]`` of
-        ``bim.network.unet_embeddings``), and the cluster maps of the labelled ``split`` scans are compared
+        ``bim.pretrain.model.BIMClusterNet.embeddings``), and the cluster maps of the labelled ``split`` scans are compared
         with the intact ones:
 
         - ``changed``: the share of pixels whose cluster changes, over all pixels;
@@ -243,5 +244,5 @@ def load_pretrain_checkpoint(network: torch.nn.Module, checkpoint: str) -> None:
     state = torch.load(path, map_location=next(network.parameters()).device, weights_only=True)
     if "network" not in state:
         raise KeyError(f"{path} has no 'network' entry (keys {sorted(state)}): expected a pretrain_bim "
-                       f"checkpoint_*.pt, not model.pt (which holds the backbone without the cluster head)")
-    network.load_state_dict(state["network"])
+                       f"checkpoint_*.pt, not model.pt (which holds the cluster network without the projectors)")
+    network.load_state_dict(upgrade_pretrain_state_dict(state["network"]))

@@ -1,4 +1,5 @@
-"""Ignite handlers of the pre-training bundle: cluster panels and the final weights file."""
+"""Ignite handlers of the pre-training bundle (cluster panels, the final weights file) and the cluster panel of its
+inference."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ignite.engine import Engine, Events
 from ..data import SliceStore
 from ..engine import atomic_save
 from ..gpu_augment import crop_matrices, warp
-from ..images import gray_rgb, save_png
+from ..images import gray_rgb, save_png, tile_rows
 
 from . import losses as L
 
@@ -69,11 +70,9 @@ class ClusterPanelHandler:
         edge_fn = L.sobel_edge_map if self.edge == "sobel" else (lambda t: L.gradient_power_edge_map(t, self.edge_power))
         edges = edge_fn(x.float())[:, 0].cpu().numpy()
         palette = cluster_palette(probs.shape[1])
-        rows = []
-        for i in range(x.shape[0]):
-            cols = [gray_rgb(x[i, 0].float().cpu().numpy()), palette[clusters[i]], gray_rgb(ent[i]), gray_rgb(edges[i])]
-            rows.append(np.concatenate([np.pad(c, ((2, 2), (2, 2), (0, 0))) for c in cols], axis=1))
-        return np.concatenate(rows, axis=0), {k: float(v) for k, v in usage.items()}
+        rows = [[gray_rgb(x[i, 0].float().cpu().numpy()), palette[clusters[i]], gray_rgb(ent[i]), gray_rgb(edges[i])]
+                for i in range(x.shape[0])]
+        return tile_rows(rows), {k: float(v) for k, v in usage.items()}
 
     def __call__(self, engine: Engine) -> None:
         it = engine.state.iteration
@@ -92,9 +91,10 @@ class ClusterPanelHandler:
         )
 
 
-class SaveBackboneWeights:
-    """At the end of training writes ``path`` (``model.pt``): the U-Net weights only (BasicUNet keys, without
-    the untrained ``final_conv``), a plain state dict loadable with ``torch.load(..., weights_only=True)``."""
+class SaveClusterNetwork:
+    """At the end of training writes ``path`` (``model.pt``): the state dict of the pre-training network's
+    :class:`~bim.pretrain.model.BIMClusterNet` (the bundle's ``network_def``: ``unet.*``, the U-Net without
+    ``final_conv``, and ``cluster_head.*``), plain tensors loadable with ``torch.load(..., weights_only=True)``."""
 
     def __init__(self, path: str):
         self.path = Path(path)
@@ -107,5 +107,34 @@ class SaveBackboneWeights:
             return
         model = engine.network.module if hasattr(engine.network, "module") else engine.network
         model = getattr(model, "_orig_mod", model)
-        atomic_save(model.backbone_state_dict(), self.path)
-        logger.info(f"pre-trained U-Net weights written to {self.path}")
+        atomic_save({k: v.detach().cpu() for k, v in model.cluster_net.state_dict().items()}, self.path)
+        logger.info(f"pre-trained cluster network (U-Net + cluster head) written to {self.path}")
+
+
+class ClusterPanelWriterd:
+    """A transform of ``inference.json``'s postprocessing, before the inverse: writes
+    ``output_dir/<scan>_clusters.png`` with one row per slice (``num_slices`` slices evenly spread over the scan,
+    the first and last left out) and columns image | cluster map (argmax over K of ``pred_key``, the palette of the
+    training panels), both in the network's geometry (resampled, padded). Returns ``data`` unchanged."""
+
+    def __init__(self, output_dir: str, image_key: str = "image", pred_key: str = "pred", num_slices: int = 3):
+        if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
+            raise ValueError(f"num_slices: expected a positive int, got {num_slices!r}")
+        self.output_dir, self.image_key, self.pred_key, self.num_slices = Path(output_dir), image_key, pred_key, num_slices
+
+    def __call__(self, data: dict) -> dict:
+        image, pred = data[self.image_key], data[self.pred_key]
+        if image.ndim != 4 or pred.ndim != 4 or tuple(image.shape[1:]) != tuple(pred.shape[1:]):
+            raise ValueError(f"{self.image_key!r} and {self.pred_key!r}: expected [1, H, W, D] and [K, H, W, D] of the "
+                             f"same size, got {tuple(image.shape)} and {tuple(pred.shape)}")
+        volume = torch.as_tensor(image)[0].float().cpu().numpy()
+        clusters = torch.as_tensor(pred).argmax(0).cpu().numpy()
+        palette = cluster_palette(pred.shape[0])
+        depth = volume.shape[-1]
+        slices = sorted({int(z) for z in np.linspace(0, depth - 1, self.num_slices + 2)[1:-1].round()}) or [0]
+        rows = [[gray_rgb(volume[..., z]), palette[clusters[..., z]]] for z in slices]
+        source = Path(str(getattr(image, "meta", {}).get("filename_or_obj", "scan")))
+        name = source.name.removesuffix(".gz").removesuffix(".nii")
+        path = save_png(tile_rows(rows), self.output_dir / f"{name}_clusters.png")
+        logger.info(f"cluster panel of {source.name} (slices {slices}: image | clusters) -> {path}")
+        return data

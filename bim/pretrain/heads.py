@@ -64,6 +64,7 @@ class ClusterHead(nn.Module):
             nn.Conv2d(in_channels, num_clusters, kernel_size=1) for _ in range(num_subheads)
         )
 
+    @torch.jit.unused  # eager only; a TorchScript export of a network holding the head uses ``heads`` (logits)
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         _check_input(x, self.in_channels)
         outputs = []

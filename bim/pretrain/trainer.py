@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
 from ..engine import bf16_autocast
-from ..network import unet_global_embedding
 from ..gpu_augment import EquivariantPairTransform, check_factor_range, pretrain_views
 
 from . import losses as L
@@ -117,7 +116,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
             if self.needs_decoder:
                 glob, dense = self.network(torch.cat([x, x_t]))
             else:
-                glob = unet_global_embedding(model.unet, torch.cat([x, x_t]))
+                glob = model.global_embedding(torch.cat([x, x_t]))
             if w["con"]:
                 z = model.global_projector(glob)
             if self.needs_decoder:
