@@ -83,6 +83,19 @@ def bf16_autocast(device: torch.device | str, enabled: bool = True):
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bool(enabled) and device_type == "cuda")
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 convolutions in hardware (AVX512-BF16 or AMX, through oneDNN)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def inference_autocast(device: torch.device | str, enabled: bool = True, cpu_bf16: bool = False):
+    """bf16 autocast for inference: on CUDA when ``enabled``; on the CPU when also ``cpu_bf16`` and the CPU has
+    native bf16 (:func:`cpu_has_native_bf16`), where a U-Net forward runs about 3x faster than in fp32."""
+    device_type = torch.device(device).type
+    on = bool(enabled) and (device_type == "cuda" or (device_type == "cpu" and bool(cpu_bf16) and cpu_has_native_bf16()))
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=on)
+
+
 def make_generator(seed: int) -> torch.Generator:
     """A CPU generator for sampling and augmentation parameters (identical streams on every device)."""
     return torch.Generator().manual_seed(int(seed))

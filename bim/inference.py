@@ -31,7 +31,7 @@ from monai.config import KeysCollection
 from monai.inferers import Inferer
 from monai.transforms import InvertibleTransform, MapTransform
 
-from .engine import _is_main_process, atomic_file, atomic_save, bf16_autocast
+from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast
 
 logger = logging.getLogger("bim")
 
@@ -65,14 +65,19 @@ class SliceBatchInferer(Inferer):
     ``inputs`` [B, C, H, W, D] (slices on the last axis) -> outputs [B, C_out, H, W, D]; a 4D input
     [N, C, H, W] is treated as a batch of slices. Each slice is zero-padded symmetrically to a multiple of
     ``divisor`` and the output is cropped back. ``max_slices`` bounds the batch (None: all slices at once).
-    On CUDA the network runs under bf16 autocast when ``amp``; outputs are fp32.
+    On CUDA the network runs under bf16 autocast when ``amp``; on the CPU too when ``cpu_bf16`` and the CPU has
+    native bf16, with the network and slices in channels-last layout (the network is converted in place; its
+    weights are unchanged). Outputs are fp32.
     """
 
-    def __init__(self, divisor: int = 16, max_slices: int | None = None, amp: bool = True) -> None:
+    def __init__(self, divisor: int = 16, max_slices: int | None = None, amp: bool = True, cpu_bf16: bool = False) -> None:
         super().__init__()
         if divisor < 1:
             raise ValueError(f"divisor must be >= 1, got {divisor}")
-        self.divisor, self.max_slices, self.amp = int(divisor), max_slices, bool(amp)
+        self.divisor, self.max_slices, self.amp, self.cpu_bf16 = int(divisor), max_slices, bool(amp), bool(cpu_bf16)
+
+    def _cpu_bf16_active(self, x: torch.Tensor) -> bool:
+        return self.amp and self.cpu_bf16 and x.device.type == "cpu" and cpu_has_native_bf16()
 
     def run_slices(self, slices: torch.Tensor, network, *args, **kwargs) -> torch.Tensor:
         h, w = slices.shape[-2:]
@@ -81,7 +86,11 @@ class SliceBatchInferer(Inferer):
         x = F.pad(slices, pad) if ph or pw else slices
         chunk = self.max_slices or x.shape[0]
         outs = []
-        with bf16_autocast(x.device, self.amp):
+        if self._cpu_bf16_active(x):
+            if isinstance(network, torch.nn.Module):
+                network = network.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        with inference_autocast(x.device, self.amp, self.cpu_bf16):
             for start in range(0, x.shape[0], chunk):
                 outs.append(network(x[start : start + chunk], *args, **kwargs))
         y = torch.cat(outs).float()

@@ -101,3 +101,26 @@ def test_a_failed_pre_training_skips_the_runs_that_start_from_it(tmp_path):
     counts = run_grid([failing, ft], tmp_path, log=lambda *_: None)
     assert counts["failed"] == 1 and counts["skipped_dependency"] == 1 and counts["done"] == 0
     assert json.loads((run_dir(tmp_path, pre) / "run.json").read_text())["returncode"] == 3
+
+
+def test_probe_re_runs_only_a_recorded_pretrain_command_of_plain_options(tmp_path):
+    """``experiments.py probe RUN_DIR`` re-runs the pre-training command recorded in ``RUN_DIR/run.json``: a record
+    from elsewhere naming other config files or a ``$`` expression is refused, not executed."""
+    from experiments.collection import probe_command
+
+    (tmp_path / "checkpoint_final.pt").write_bytes(b"")
+    cfg = "['bundles/pretrain_bim/configs/train.json','bundles/pretrain_bim/configs/variants/full.json']"
+
+    def record(command):
+        (tmp_path / "run.json").write_text(json.dumps({"kind": "pretrain", "commands": [command]}))
+        return probe_command(tmp_path)
+
+    plain = f'python -m monai.bundle run --config_file "{cfg}" --output_dir X --dataset_dir D --epochs 2'
+    cmd = record(plain)
+    assert cmd[0] == sys.executable and cmd[cmd.index("--output_dir") + 1] == str(tmp_path)
+    assert "path_dependence.json" in cmd[cmd.index("--config_file") + 1]
+    for bad, why in [(plain + " --seed '$__import__(\"os\").system(\"true\")'", "not a plain --key value pair"),
+                     (plain.replace("variants/full.json", "../../../evil.json"), "not one of pretrain_bim's configs"),
+                     ("python -c 'print(1)' --config_file x --output_dir y", "not `python -m monai.bundle run")]:
+        with pytest.raises(ExperimentError, match=why):
+            record(bad)

@@ -497,3 +497,79 @@ def test_cluster_net_dense_level_takes_a_deeper_decoder_block():
     for bad in (0, 5, True, "2"):
         with pytest.raises(ValueError, match="dense_level must be one of"):
             dense_channels(SMALL, bad)
+
+
+def test_cpu_inference_runs_in_bf16_only_where_the_cpu_has_it_and_keeps_the_segmentation():
+    """inference.json's ``cpu_bf16``: on a CPU with native bf16 the slices run under bf16 autocast in channels-last
+    layout (about 3x faster, ``tools/benchmark_inference.py``); elsewhere the output is exactly fp32's."""
+    from bim.engine import cpu_has_native_bf16
+    from bim.inference import SliceBatchInferer
+
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=SMALL).eval()
+    scan = torch.rand(1, 1, 40, 40, 3)
+    with torch.inference_mode():
+        fp32 = SliceBatchInferer(amp=True)(scan, net)
+        off = SliceBatchInferer(amp=False, cpu_bf16=True)(scan, net)
+        mixed = SliceBatchInferer(amp=True, cpu_bf16=True, max_slices=2)(scan, net)  # may make net channels-last
+    assert mixed.dtype == fp32.dtype == torch.float32 and mixed.shape == fp32.shape
+    torch.testing.assert_close(off, fp32, rtol=0, atol=0)
+    if not cpu_has_native_bf16():
+        torch.testing.assert_close(mixed, fp32, rtol=0, atol=0)
+        return
+    assert not torch.equal(mixed, fp32)  # bf16 really ran
+    # bf16 keeps 8 bits of mantissa: the logits move by a few parts in 2**8 of their scale, the argmax hardly at all
+    assert float((mixed - fp32).abs().max()) <= 0.05 * float(fp32.abs().max())
+    assert float((mixed.argmax(1) == fp32.argmax(1)).float().mean()) >= 0.98
+
+
+# ---------------------------------------------------------------------------------------- resume and best model
+
+
+def test_resume_takes_only_an_interrupted_run_of_the_same_settings(tmp_path, caplog):
+    from ignite.engine import Engine
+
+    from bim.engine import ResumeFromCheckpoint, settings_fingerprint
+
+    engine = Engine(lambda e, b: None)
+    engine.state.max_epochs, engine.state.epoch_length = 2, 3
+    fingerprint = settings_fingerprint(task="lv", epochs=2, data=[{"image": "a.nii.gz"}])
+    assert fingerprint == settings_fingerprint(data=[{"image": "a.nii.gz"}], epochs=2, task="lv")  # order-free
+    assert fingerprint != settings_fingerprint(task="lv", epochs=3, data=[{"image": "a.nii.gz"}])
+    path = tmp_path / "checkpoint_last.pt"
+    resume = ResumeFromCheckpoint("auto", {}, save_dir=str(tmp_path), fingerprint=fingerprint)
+    for iteration, stored, expected in ((4, fingerprint, True), (4, "0123456789abcdef", False), (6, fingerprint, False)):
+        torch.save({"trainer": {"iteration": iteration}, "fingerprint": stored}, path)
+        with caplog.at_level("INFO", logger="bim"):
+            assert resume.resumable(path, engine) is expected
+    assert "is of a run with other settings (fingerprint 0123456789abcdef" in caplog.text
+    assert "is of a finished run (6 of 6 iterations): training again from the start" in caplog.text
+
+
+def test_best_metric_saver_keeps_a_better_earlier_model(tmp_path, caplog):
+    import os
+    import stat
+    from types import SimpleNamespace
+
+    from bim.inference import BestMetricSaver
+
+    net = torch.nn.Linear(2, 1)
+    earlier = {k: torch.zeros_like(v) for k, v in net.state_dict().items()}
+    torch.save(earlier, tmp_path / "model.pt")
+    (tmp_path / "best_metric.json").write_text(json.dumps({"metric": "val_mean_dice", "value": 0.8, "epoch": 7}))
+    saver = BestMetricSaver(net, str(tmp_path), info={"task": "lv"})
+    validation = lambda dice, epoch: SimpleNamespace(state=SimpleNamespace(metrics={"val_mean_dice": dice}, epoch=epoch))  # noqa: E731
+    with caplog.at_level("INFO", logger="bim"):
+        saver(validation(0.5, 1))
+    assert "val_mean_dice 0.5000 is this run's best but not above the 0.8000 of the model.pt" in caplog.text
+    kept = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(kept[k], earlier[k]) for k in earlier)
+    assert json.loads((tmp_path / "best_metric.json").read_text())["value"] == 0.8
+    assert json.loads((tmp_path / "best_metric_new.json").read_text())["value"] == 0.5
+    assert (tmp_path / "model_new.pt").is_file()
+    saver(validation(0.9, 2))  # better than the earlier model: replaces it
+    replaced = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(replaced[k], v) for k, v in net.state_dict().items())
+    assert json.loads((tmp_path / "best_metric.json").read_text())["value"] == 0.9
+    for name in ("model.pt", "best_metric.json", "model_new.pt", "best_metric_new.json"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644, name

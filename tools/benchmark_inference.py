@@ -1,6 +1,7 @@
 """Inference speed of the finetune_seg network: milliseconds per scan (slices x size x size), printed as JSON.
 
     python tools/benchmark_inference.py --device cpu --threads 2
+    python tools/benchmark_inference.py --device cpu --threads 2 --cpu_bf16 True   # as inference.json runs on a CPU with native bf16
     python tools/benchmark_inference.py --device cuda            # bf16 autocast on CUDA
 
 Each timed run segments one scan the way the bundle does (``SliceBatchInferer``: all slices as one batch,
@@ -20,6 +21,7 @@ import torch
 
 from bim.flags import require_flags  # noqa: E402
 from bim.inference import SliceBatchInferer  # noqa: E402
+from bim.engine import cpu_has_native_bf16  # noqa: E402
 from bim.network import PAPER_FEATURES, build_unet  # noqa: E402
 
 
@@ -35,9 +37,10 @@ def benchmark(
     channels_last: bool = False,
     max_slices: int | None = None,
     features: tuple = PAPER_FEATURES,
+    cpu_bf16: bool = False,
 ) -> dict:
     """Time ``runs`` inferences of one [1, 1, size, size, slices] scan on ``device`` (``threads``: torch threads
-    on the CPU; ``amp``: bf16 autocast, CUDA only; ``max_slices``: slices per forward pass, None = all).
+    on the CPU; ``amp``: bf16 autocast on CUDA, and on the CPU with ``cpu_bf16`` where it has native bf16; ``max_slices``: slices per forward pass, None = all).
     Returns and prints the numbers as JSON."""
     if threads:
         torch.set_num_threads(int(threads))
@@ -45,7 +48,7 @@ def benchmark(
     net = build_unet(out_channels=num_classes, features=tuple(features)).to(dev).eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net = net.to(memory_format=memory_format)
-    inferer = SliceBatchInferer(divisor=16, max_slices=max_slices, amp=amp)
+    inferer = SliceBatchInferer(divisor=16, max_slices=max_slices, amp=amp, cpu_bf16=cpu_bf16)
     scan = torch.rand(1, 1, size, size, slices, device=dev)
 
     def once() -> float:
@@ -70,7 +73,7 @@ def benchmark(
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
-        "bf16_autocast": bool(amp and dev.type == "cuda"),
+        "bf16_autocast": bool(amp and (dev.type == "cuda" or (cpu_bf16 and cpu_has_native_bf16()))),
         "scan": [slices, size, size],
         "features": list(features),
         "num_classes": num_classes,
@@ -84,7 +87,7 @@ def benchmark(
 
 def main(**kwargs) -> None:
     # fire hands --amp false over as the string 'false', which bool() takes for true: a bool or a clear error
-    require_flags({k: kwargs[k] for k in ("amp", "channels_last") if k in kwargs})
+    require_flags({k: kwargs[k] for k in ("amp", "channels_last", "cpu_bf16") if k in kwargs})
     benchmark(**kwargs)  # prints the JSON line; nothing else for fire to print
 
 

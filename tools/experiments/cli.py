@@ -10,6 +10,9 @@
 ``run`` resumes: a run whose folder holds a ``result.json`` is skipped. ``--select`` narrows a preset
 (``tasks``, ``counts``, ``seeds``, ``lrs``, ``methods``, ``only``, ``mt_weights``); ``--tag`` with ``--overrides``
 (fine-tuning) or ``--pretrain_overrides`` runs the grid with other bundle settings under rows of its own.
+Overrides reach ``monai.bundle run`` as they are, where a value starting with ``$`` is a Python expression: an
+overrides string is code, so run only your own. ``probe RUN_DIR`` re-runs a recorded pre-training command only if
+it names pretrain_bim's own configs with plain ``--key value`` options.
 """
 
 from __future__ import annotations

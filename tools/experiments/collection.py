@@ -69,6 +69,25 @@ def trains_cluster_head(variant_configs) -> bool:
     return any(weights.get(k) not in (0, 0.0) for k in ("mi", "cc", "imsat"))
 
 
+def _check_recorded_command(record: Path, args: list[str], configs: list[str]) -> None:
+    """A recorded command is re-run only if it is what the runner writes: ``monai.bundle run`` of pretrain_bim's own
+    config files with ``--key value`` pairs whose values are no config expressions (``$``, ``@``, ``%``), so a run
+    folder from elsewhere cannot make the probe execute code of its choosing."""
+    bundle_configs = (ROOT / "bundles" / "pretrain_bim" / "configs").resolve()
+    if args[1:4] != ["-m", "monai.bundle", "run"]:
+        raise ExperimentError(f"{record}: its command is not `python -m monai.bundle run ...`; not re-run")
+    for cfg in configs:
+        path = (ROOT / cfg).resolve() if not Path(cfg).is_absolute() else Path(cfg).resolve()
+        if bundle_configs not in path.parents:
+            raise ExperimentError(f"{record}: config file {cfg} is not one of pretrain_bim's configs; not re-run")
+    pairs = args[4:]
+    for key, value in zip(pairs[0::2], pairs[1::2]):
+        if not key.startswith("--") or value.lstrip()[:1] in ("$", "@", "%"):
+            raise ExperimentError(f"{record}: argument {key} {value!r} is not a plain --key value pair; not re-run")
+    if len(pairs) % 2:
+        raise ExperimentError(f"{record}: its command ends with a key without a value; not re-run")
+
+
 def probe_command(run_dir, dataset_dir: str | None = None) -> list[str] | None:
     """The command that runs pretrain_bim's ``path_dependence.json`` on the finished pre-training in ``run_dir`` with
     the arguments it was trained with (read from its ``run.json``, so that the network matches: widths, clusters,
@@ -90,6 +109,7 @@ def probe_command(run_dir, dataset_dir: str | None = None) -> list[str] | None:
     except ValueError:
         raise ExperimentError(f"{record}: its command has no --config_file or --output_dir: {rec['commands'][0]}") from None
     configs = ast.literal_eval(args[i]) if args[i].startswith("[") else [args[i]]
+    _check_recorded_command(record, args, configs)
     if not trains_cluster_head(configs[1:]):
         return None
     args[0], args[i], args[j] = sys.executable, repr([*configs, PRETRAIN_PATHS]), str(run_dir)
