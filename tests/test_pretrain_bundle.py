@@ -189,3 +189,26 @@ def test_dense_level_clusters_a_deeper_decoder_block_and_scores_it_at_the_image_
     with pytest.raises(RuntimeError) as bad:  # MONAI's parser wraps the network's own error: one clear cause
         _train_workflow(demo_dataset, tmp_path / "bad", dense_level=5).parser.get_parsed_content("network_def")
     assert "dense_level must be one of [1, 2, 3, 4]" in str(bad.value.__cause__)
+
+
+def test_checkpoints_record_the_settings_so_a_changed_run_is_not_resumed(demo_dataset):
+    """pretrain_bim's checkpoints carry a fingerprint of the settings that shape training: a re-run in a used
+    ``output_dir`` with another LR, alpha or length starts afresh instead of resuming the old run; logging does not
+    count."""
+    from monai.bundle import ConfigParser
+
+    def fingerprint(**overrides):
+        parser = ConfigParser()
+        parser.read_config([str(BUNDLES / "pretrain_bim" / "configs" / "train.json")])
+        parser.update({"dataset_dir": str(demo_dataset), **overrides})
+        return parser.get_parsed_content("fingerprint")
+
+    base = fingerprint()
+    assert fingerprint(log_every=7, progress_bar=False) == base
+    for change in ({"learning_rate": 0.01}, {"alpha": 0.25}, {"epochs": 6}, {"seed": 1},
+                   {"loss_weights#cc": 0.0}, {"unet_style": "authors"}):
+        assert fingerprint(**change) != base, change
+    train = json.loads((BUNDLES / "pretrain_bim" / "configs" / "train.json").read_text())
+    handlers = {h["_target_"]: h for h in train["train"]["handlers"]}
+    assert handlers["bim.engine.ResumeFromCheckpoint"]["fingerprint"] == "@fingerprint"
+    assert handlers["bim.engine.CheckpointEveryN"]["fingerprint"] == "@fingerprint"
