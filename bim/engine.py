@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
+import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,13 +106,32 @@ def make_generator(seed: int) -> torch.Generator:
 READABLE = 0o644  # what the bundles write (weights, checkpoints, CSV/JSON) is readable by others, as any new file
 
 
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove temporary files that :func:`atomic_file` left for ``path`` in a process of this host that is gone
+    (killed while writing); those of running processes and of other hosts are kept."""
+    prefix, host = f".{path.name}.", socket.gethostname()
+    for tmp in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        owner = tmp.name[len(prefix):].rsplit("-", 1)[0]
+        tmp_host, _, pid = owner.rpartition(".")
+        if tmp_host != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike):
     """Yields a temporary path in ``path``'s folder; when the block succeeds, the file gets mode 0644 and is renamed
     to ``path`` (never half-written; ``tempfile`` creates it 0600); when it fails, the temporary file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    owner = f"{socket.gethostname()}.{os.getpid()}"
+    _remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{owner}-", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield tmp

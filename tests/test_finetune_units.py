@@ -573,3 +573,25 @@ def test_best_metric_saver_keeps_a_better_earlier_model(tmp_path, caplog):
     assert json.loads((tmp_path / "best_metric.json").read_text())["value"] == 0.9
     for name in ("model.pt", "best_metric.json", "model_new.pt", "best_metric_new.json"):
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644, name
+
+
+def test_atomic_save_removes_what_a_killed_save_left_and_keeps_a_running_ones(tmp_path):
+    """A save killed mid-write leaves ``.NAME.HOST.PID-*.tmp``; the next save of that file removes it when that
+    process is gone, never while it runs."""
+    import socket
+    import subprocess
+    import sys
+
+    from bim.engine import atomic_save
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale = tmp_path / f".model.pt.{host}.{int(dead.stdout)}-abc.tmp"
+    live = tmp_path / f".model.pt.{host}.{__import__('os').getpid()}-def.tmp"
+    other_host = tmp_path / f".model.pt.elsewhere.{int(dead.stdout)}-ghi.tmp"
+    for f in (stale, live, other_host):
+        f.write_bytes(b"half")
+    atomic_save({"w": torch.ones(1)}, tmp_path / "model.pt")
+    assert not stale.exists() and live.exists() and other_host.exists()
+    assert (tmp_path / "model.pt").stat().st_mode & 0o777 == 0o644
+    assert torch.load(tmp_path / "model.pt", weights_only=True)["w"].item() == 1.0
