@@ -38,8 +38,25 @@ def project_error(exc: BaseException) -> BaseException | None:
     return found
 
 
+def _size_mismatch(exc: BaseException) -> str | None:
+    """The first ``size mismatch for <tensor>: ...`` line of torch's ``load_state_dict`` error in ``exc``'s chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for line in str(exc).splitlines():
+            if line.strip().startswith("size mismatch for "):
+                return line.strip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def last_line(exc: BaseException) -> str | None:
-    """``error: <message>`` of :func:`project_error`, or None when the project raised none of the chain."""
+    """``error: <message>`` of :func:`project_error`, or None when the project raised none of the chain. Weights
+    that do not fit the network (torch's "size mismatch") get a line that says which option sets the widths."""
+    mismatch = _size_mismatch(exc)
+    if mismatch is not None:
+        return (f"error: the weights do not fit this network ({mismatch.rstrip('.')}): pass the --features (and "
+                "--unet_style, --num_clusters) the model was trained with")
     err = project_error(exc)
     if err is None or err is exc and len(str(exc).splitlines()) <= 1:
         return None

@@ -595,3 +595,21 @@ def test_atomic_save_removes_what_a_killed_save_left_and_keeps_a_running_ones(tm
     assert not stale.exists() and live.exists() and other_host.exists()
     assert (tmp_path / "model.pt").stat().st_mode & 0o777 == 0o644
     assert torch.load(tmp_path / "model.pt", weights_only=True)["w"].item() == 1.0
+
+
+def test_weights_of_other_widths_end_with_a_line_naming_the_features_option():
+    """A ``model.pt`` trained with other ``--features`` fails in ``load_state_dict`` with one "size mismatch" line per
+    tensor, wrapped by MONAI; the last line names the option to set."""
+    from bim.errors import last_line
+
+    small = build_unet(out_channels=2, features=SMALL)
+    try:
+        try:
+            build_unet(out_channels=2).load_state_dict(small.state_dict())
+        except RuntimeError as inner:
+            raise RuntimeError("Failed to instantiate component 'CheckpointLoader'") from inner
+    except RuntimeError as outer:
+        line = last_line(outer)
+    assert line.startswith("error: the weights do not fit this network (size mismatch for ")
+    assert line.endswith("pass the --features (and --unet_style, --num_clusters) the model was trained with")
+    assert last_line(ValueError("one line")) is None
