@@ -168,11 +168,23 @@ def _is_main_process() -> bool:
 
 
 def settings_fingerprint(**settings) -> str:
-    """A short hash of the settings that shape a training run (data, task, network, schedule, augmentation,
-    seeds): :class:`CheckpointEveryN` stores it in each checkpoint and :class:`ResumeFromCheckpoint` resumes only a
-    checkpoint of the same settings. Values are hashed through their JSON text (``str`` for other objects)."""
-    text = json.dumps(settings, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The settings that shape a training run (data, task, network, schedule, augmentation, seeds) as canonical JSON
+    text (keys sorted; ``str`` for other objects): :class:`CheckpointEveryN` stores it in each checkpoint and
+    :class:`ResumeFromCheckpoint` resumes only a checkpoint of the same settings, naming those that differ."""
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def changed_settings(stored, current: str) -> str:
+    """``key: stored -> current`` for each setting that differs between two :func:`settings_fingerprint` texts
+    (a checkpoint without a readable one: ``unrecorded settings``)."""
+    try:
+        old, new = json.loads(stored), json.loads(current)
+    except (TypeError, ValueError):
+        return "unrecorded settings"
+    if not isinstance(old, dict):
+        return "unrecorded settings"
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in keys)
 
 
 class CheckpointEveryN:
@@ -274,8 +286,10 @@ class ResumeFromCheckpoint:
         checkpoint = load_weights(path, "checkpoint", "delete it to start afresh, or choose another output_dir (or "
                                   "pass --resume_from None)")
         if self.fingerprint is not None and checkpoint.get("fingerprint") != self.fingerprint:
-            logger.warning(f"{path} is of a run with other settings (fingerprint {checkpoint.get('fingerprint')}, "
-                           f"this run {self.fingerprint}): not resuming it, training from the start")
+            changed = changed_settings(checkpoint.get("fingerprint"), self.fingerprint)
+            logger.warning(f"{path} is of a run with other settings ({changed}): not resuming it, training from the "
+                           f"start with this run's settings "
+                           f"(--resume_from {path} resumes it anyway; another output_dir keeps both runs)")
             return False
         done = int(checkpoint.get("trainer", {}).get("iteration", 0))
         total = int(engine.state.max_epochs or 0) * int(engine.state.epoch_length or 0)

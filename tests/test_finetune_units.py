@@ -538,11 +538,15 @@ def test_resume_takes_only_an_interrupted_run_of_the_same_settings(tmp_path, cap
     assert fingerprint != settings_fingerprint(task="lv", epochs=3, data=[{"image": "a.nii.gz"}])
     path = tmp_path / "checkpoint_last.pt"
     resume = ResumeFromCheckpoint("auto", {}, save_dir=str(tmp_path), fingerprint=fingerprint)
-    for iteration, stored, expected in ((4, fingerprint, True), (4, "0123456789abcdef", False), (6, fingerprint, False)):
+    other = settings_fingerprint(task="rv", epochs=2, data=[{"image": "a.nii.gz"}])
+    for iteration, stored, expected in ((4, fingerprint, True), (4, other, False), (4, "0123456789abcdef", False),
+                                        (6, fingerprint, False)):
         torch.save({"trainer": {"iteration": iteration}, "fingerprint": stored}, path)
         with caplog.at_level("INFO", logger="bim"):
             assert resume.resumable(path, engine) is expected
-    assert "is of a run with other settings (fingerprint 0123456789abcdef" in caplog.text
+    assert 'is of a run with other settings (task: "rv" -> "lv"): not resuming it' in caplog.text
+    assert "is of a run with other settings (unrecorded settings)" in caplog.text
+    assert f"(--resume_from {path} resumes it anyway; another output_dir keeps both runs)" in caplog.text
     assert "is of a finished run (6 of 6 iterations): training again from the start" in caplog.text
 
 
