@@ -1,5 +1,5 @@
-"""Boolean settings as a command line hands them over, checked without importing torch (the experiment runner
-uses them too). ``bim.engine`` re-exports both, which the bundles' configs name."""
+"""Settings as a command line hands them over (booleans, choices), checked without importing torch (the
+experiment runner uses them too). ``bim.engine`` re-exports the boolean checks, which the bundles' configs name."""
 
 from __future__ import annotations
 
@@ -26,3 +26,9 @@ def require_flags(flags: dict) -> None:
             hint = f" (write --{key} {value.strip().capitalize()})" if isinstance(value, str) and \
                 value.strip().lower() in ("true", "false") else ""
             raise ValueError(f"{key} must be True or False, got {value!r}{hint}")
+
+
+def require_choice(key: str, value, choices) -> None:
+    """``value`` must be one of ``choices``; otherwise a ``ValueError`` naming ``key``, the choices and the value."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {tuple(choices)}, got {value!r}")

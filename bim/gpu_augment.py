@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .flags import as_flag, require_choice
+
 
 def _uniform(n: int, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
     return low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
@@ -211,14 +213,11 @@ class EquivariantPairTransform:
         gamma_sampling: str = "log_uniform",
         feature_warp_fp32: bool = False,
     ) -> None:
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"t_interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+        require_choice("t_interpolation", interpolation, INTERPOLATIONS)
         if isinstance(mirror_prob, bool) or not isinstance(mirror_prob, (int, float)) or not 0.0 <= mirror_prob <= 1.0:
             raise ValueError(f"t_mirror_prob must be a probability in [0, 1], got {mirror_prob!r}")
-        if gamma_sampling not in GAMMA_SAMPLINGS:
-            raise ValueError(f"t_gamma_sampling must be one of {GAMMA_SAMPLINGS}, got {gamma_sampling!r}")
-        if not isinstance(feature_warp_fp32, bool):
-            raise ValueError(f"feature_warp_fp32 must be true or false, got {feature_warp_fp32!r}")
+        require_choice("t_gamma_sampling", gamma_sampling, GAMMA_SAMPLINGS)
+        feature_warp_fp32 = as_flag(feature_warp_fp32, "feature_warp_fp32")
         self.gamma_range = tuple(gamma_range) if gamma_range is not None else None
         self.scale_range = tuple(scale_range)
         self.max_rotation_deg = max_rotation_deg

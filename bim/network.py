@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from .flags import require_choice
 from monai.networks.nets import BasicUNet
 from monai.networks.nets.basic_unet import UpCat
 from torch import nn
@@ -40,8 +42,7 @@ def build_unet(
     (:func:`authors_upsample`). The two styles' weights do not load into each other: fine-tune with the same style."""
     if len(features) != 6:
         raise ValueError(f"features must have 6 widths (5 encoder + last decoder), got {tuple(features)}")
-    if unet_style not in UNET_STYLES:
-        raise ValueError(f"unet_style must be one of {UNET_STYLES}, got {unet_style!r}")
+    require_choice("unet_style", unet_style, UNET_STYLES)
     authors = unet_style == "authors"
     if authors and bn_momentum is None and norm == "batch":
         bn_momentum = 0.01

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
 from ..engine import bf16_autocast
+from ..flags import as_flag, require_choice
 from ..gpu_augment import EquivariantPairTransform, check_factor_range, pretrain_views
 
 from . import losses as L
@@ -77,10 +78,8 @@ class BIMPretrainTrainer(SupervisedTrainer):
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if isinstance(view_rotation_deg, bool) or not isinstance(view_rotation_deg, (int, float)) or not 0 <= view_rotation_deg <= 180:
             raise ValueError(f"view_rotation_deg must be a number of degrees in [0, 180], got {view_rotation_deg!r}")
-        if cc_maps not in CC_MAPS:
-            raise ValueError(f"cc_maps must be one of {CC_MAPS}, got {cc_maps!r}")
-        if not isinstance(mask_out_of_image, bool):
-            raise ValueError(f"mask_out_of_image must be true or false, got {mask_out_of_image!r}")
+        require_choice("cc_maps", cc_maps, CC_MAPS)
+        mask_out_of_image = as_flag(mask_out_of_image, "mask_out_of_image")
         self.view_rotation_deg, self.view_jitter = float(view_rotation_deg), check_factor_range("view_jitter", view_jitter)
         self.cc_maps, self.mask_out_of_image = cc_maps, mask_out_of_image
         self.pair_transform, self.generator = pair_transform, generator
