@@ -138,8 +138,7 @@ def test_a_nan_or_constant_image_stops_training_naming_the_file(dataset_copy, tm
     path = scan_file(dataset_copy, None, split)
     rewrite(path, change)
     n = int(np.prod(nib_shape(path)))
-    wf = workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY)
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY).run())
     assert line.startswith(f"error: {path}: {message.format(n=n)}")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.pt"))
 
@@ -154,8 +153,7 @@ def test_a_truncated_prepared_label_stops_training_naming_the_file(dataset_copy,
     path = scan_file(dataset_copy, None, "labelled_seed0_1", "label")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    wf = workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY)
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", "train.json", dataset_dir=str(dataset_copy), output_dir=str(tmp_path / "out"), **TINY).run())
     assert line.startswith(f"error: {path}: cannot read this label file (EOFError")
     assert "it is truncated or not a NIfTI volume" in line
     assert not (tmp_path / "out").exists()
@@ -201,10 +199,9 @@ def test_the_non_finite_loss_handler_names_the_first_bad_iteration_read_at_its_i
 
 def test_a_nan_loss_stops_training_before_any_checkpoint(demo_dataset, tmp_path):
     out = tmp_path / "out"
-    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out),
-                  **dict(TINY, iters_per_epoch=4, log_every=2, save_every=2),
-                  **{"train#trainer#loss_function": "$lambda logits, label: logits.mean() * float('nan')"})
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out),
+                          **dict(TINY, iters_per_epoch=4, log_every=2, save_every=2),
+                          **{"train#trainer#loss_function": "$lambda logits, label: logits.mean() * float('nan')"}).run())
     assert line.startswith("error: the training loss is NaN or infinite from iteration 1 on (checked at iteration 2)")
     assert not list(out.glob("*.pt"))
 
@@ -227,8 +224,7 @@ def test_evaluate_refuses_the_model_of_an_unfinished_run_unless_allowed(demo_dat
     out = tmp_path / "run"
     model = random_model(out)
     common = dict(dataset_dir=str(demo_dataset), output_dir=str(out), features=TINY["features"])
-    wf = workflow("finetune_seg", ["train.json", "evaluate.json"], **common)
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", ["train.json", "evaluate.json"], **common).run())
     assert line == (f"error: {model} comes from a training that did not finish: {out / 'checkpoint_final.pt'} does not "
                     f"exist (the run was stopped or is still running). Finish it (run train.json again with the same "
                     f"output_dir: it resumes), or pass --allow_unfinished True to evaluate these weights anyway")
@@ -288,8 +284,7 @@ def test_a_truncated_checkpoint_last_stops_the_resume_naming_the_file_and_the_wa
     torch.save({"network": {"w": torch.zeros(1000)}}, ckpt)
     ckpt.write_bytes(ckpt.read_bytes()[:300])
     truncated = ckpt.read_bytes()
-    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), **TINY)
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), **TINY).run())
     assert line.startswith(f"error: checkpoint {ckpt}: not a valid weights file (")
     assert line.endswith("it is truncated, corrupt or not a PyTorch weights file: delete it to start afresh, or choose "
                          "another output_dir (or pass --resume_from None)")
@@ -300,9 +295,8 @@ def test_a_truncated_checkpoint_last_stops_the_resume_naming_the_file_and_the_wa
 def test_a_corrupt_pretrained_file_is_named_as_not_a_valid_weights_file(demo_dataset, tmp_path, content):
     bad = tmp_path / "model.pt"
     bad.write_bytes(content)
-    wf = workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path / "out"),
-                  pretrained=str(bad), **TINY)
-    line = last_line_of(wf.run)
+    line = last_line_of(lambda: workflow("finetune_seg", "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path / "out"),
+                          pretrained=str(bad), **TINY).run())
     assert line.startswith(f"error: --pretrained {bad}: not a valid weights file (")
     assert line.endswith("it is truncated, corrupt or not a PyTorch weights file: pass a pretrain_bim model.pt or a "
                          "bundle checkpoint")
