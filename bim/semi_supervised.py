@@ -50,7 +50,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore, read_items
-from .engine import bf16_autocast
+from .engine import bf16_autocast, unwrap
 from .flags import as_flag
 from .gpu_augment import random_affine_matrices, warp
 from .inference import is_prepared
@@ -102,18 +102,13 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     teacher has no gradients and is kept in eval mode between steps."""
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
-    student = _unwrap(network)
+    student = unwrap(network)
     teacher = AveragedModel(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=bool(average_buffers))
     teacher.update_parameters(student)  # n_averaged 0 -> 1: the copy
     teacher.requires_grad_(False)
     teacher.eval()
     teacher.decay = float(decay)
     return teacher
-
-
-def _unwrap(network: nn.Module) -> nn.Module:
-    network = getattr(network, "module", network)  # DistributedDataParallel
-    return getattr(network, "_orig_mod", network)  # torch.compile
 
 
 def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
@@ -467,7 +462,7 @@ class SemiSupervisedMethod:
 
     def update_teacher(self, student: nn.Module) -> None:
         """One EMA step of the teacher towards the student (DDP / compile wrappers unwrapped)."""
-        self.teacher.update_parameters(_unwrap(student))
+        self.teacher.update_parameters(unwrap(student))
 
     # ---- views
 

@@ -31,7 +31,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import read_items, resolve_dataset_dir, volume_loader
-from ..engine import load_weights
+from ..engine import load_weights, unwrap
 from ..inference import SliceBatchInferer, atomic_write_text
 from .model import upgrade_pretrain_state_dict
 
@@ -201,8 +201,7 @@ class ClusterQualityHandler:
         return out
 
     def __call__(self, engine: Engine) -> None:
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        self.write(self.score(getattr(model, "_orig_mod", model)))
+        self.write(self.score(unwrap(engine.network)))
 
     def evaluate_checkpoint(self, network: torch.nn.Module, checkpoint: str) -> dict | None:
         """``evaluate.json``'s entry point: load the ``network`` entry of a pre-training checkpoint

@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import SliceStore
-from ..engine import atomic_save
+from ..engine import atomic_save, unwrap
 from ..gpu_augment import crop_matrices, warp
 from ..images import gray_rgb, save_png, tile_rows
 
@@ -79,8 +79,7 @@ class ClusterPanelHandler:
         if getattr(self, "_last_iteration", None) == it:  # COMPLETED right after an interval: already drawn
             return
         self._last_iteration = it
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        panel, usage = self.render(getattr(model, "_orig_mod", model))  # eager: no recompilation for the panel
+        panel, usage = self.render(unwrap(engine.network))  # eager: no recompilation for the panel
         save_png(panel, self.output_dir / f"clusters_iter{it:06d}.png")
         save_png(panel, self.output_dir / "clusters_latest.png")
         for k, v in usage.items():
@@ -105,8 +104,7 @@ class SaveClusterNetwork:
     def __call__(self, engine: Engine) -> None:
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        model = getattr(model, "_orig_mod", model)
+        model = unwrap(engine.network)
         atomic_save({k: v.detach().cpu() for k, v in model.cluster_net.state_dict().items()}, self.path)
         logger.info(f"pre-trained cluster network (U-Net + cluster head) written to {self.path}")
 
