@@ -12,7 +12,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.optimizers import WarmupCosineSchedule
 
-from .files import READABLE, atomic_file  # noqa: F401  (re-exported: the bundles' writers take them from here)
+from .files import atomic_file
 from .flags import as_flag  # noqa: F401  (re-exported; the configs check their options with bim.options)
 
 logger = logging.getLogger("bim")
