@@ -230,7 +230,11 @@ def sample_beta(alpha: float, n: int) -> torch.Tensor:
 class PredictionDiscriminator(nn.Module):
     """The adversarial-training discriminator: a small CNN on softmax maps [B, C, H, W] -> one logit per image
     ("predicted on a labelled image"). Strided 4x4 convolutions with LeakyReLU(0.2), global average pooling,
-    a linear layer."""
+    a linear layer.
+
+    Kept rather than :class:`monai.networks.nets.Discriminator`, which ends in a linear layer over the flattened
+    features of one fixed ``in_shape`` (tied to the crop size), adds residual units, instance norm, dropout and a
+    sigmoid, and takes odd kernels only: this one is the method's small CNN, any input size."""
 
     def __init__(self, in_channels: int, features: Sequence[int] = (32, 64, 128, 256)) -> None:
         super().__init__()

@@ -71,7 +71,11 @@ def many_to_one_dice(counts: torch.Tensor) -> torch.Tensor:
 
 
 def normalised_mutual_information(counts: torch.Tensor) -> float:
-    """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant)."""
+    """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant).
+
+    Written here: no dependency has the NMI of two labellings (Ignite's ``MutualInformation`` is the unnormalised
+    I(X; Y) of predicted probability vectors, MONAI's ``GlobalMutualInformationLoss`` a Parzen-window loss between
+    images; numpy and torch have none)."""
     p = counts / counts.sum().clamp_min(1e-12)
     pk, pc = p.sum(1, keepdim=True), p.sum(0, keepdim=True)
     nz = p > 0

@@ -32,7 +32,11 @@ class ClusterPanelHandler:
     """Every ``interval`` iterations (and at the end) writes ``output_dir/clusters_iterNNNNNN.png`` and
     ``clusters_latest.png``: one row per slice, columns image | cluster map (argmax, fixed palette) |
     cluster-entropy map | edge map, and logs the marginal entropy and the number of clusters in use on these
-    slices (a collapse detector) to the console and to ``engine.state.metrics``."""
+    slices (a collapse detector) to the console and to ``engine.state.metrics``.
+
+    The cluster map is drawn with :func:`cluster_palette`, not ``monai.visualize.blend_images``: that overlays a
+    label on the image with a colour map scaled by each label's maximum, so a cluster's colour would change from slice
+    to slice and panel to panel, and cluster 0, a cluster like any other, would be left uncoloured as background."""
 
     def __init__(self, store: SliceStore, output_dir: str, interval: int = 200, num_slices: int = 4, crop_size: int = 224,
                  edge: str = "sobel", edge_power: float = 0.75):

@@ -367,6 +367,11 @@ def sobel_edge_map(image: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     padding (no spurious edges at the image border), magnitude per channel then averaged over
     channels, min-max normalised per slice.
 
+    The gradients are MONAI's :class:`~monai.transforms.SobelGradients` (``padding_mode="replicate"``,
+    ``normalize_kernels=False``; tests/test_losses.py checks the values), computed here as one 3x3 convolution of the
+    whole batch: that transform takes one channel-first image, returns a MetaTensor and runs four separable
+    depthwise convolutions, SOBEL_SPEED.
+
     Args:
         image: ``[B, C, H, W]``.
         eps: in the min-max denominator.

@@ -41,6 +41,9 @@ class BIMPretrainTrainer(SupervisedTrainer):
 
     ``loss_weights`` selects the paper's Table 1 row (see ``configs/variants``). When only encoder losses are
     active the decoder is not run (the paper pre-trains only the encoder for Contrast (Enc)).
+
+    ``_iteration`` is overridden, as MONAI's one forward + ``loss_function(pred, label)`` cannot express the pair
+    transform applied between the forward and the losses, nor several weighted losses of which some skip the decoder.
     """
 
     def __init__(
