@@ -59,7 +59,8 @@ class RandomState:
 
 def bf16_autocast(device: torch.device | str, enabled: bool = True):
     """bf16 autocast where it pays: on CUDA devices. On the CPU it is a no-op (bf16 convolutions without
-    hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores)."""
+    hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores). For the
+    iterations of their own (pre-training, semi-supervised); the fine-tuning step takes MONAI's ``amp``."""
     device_type = torch.device(device).type
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bool(enabled) and device_type == "cuda")
 
