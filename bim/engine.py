@@ -2,60 +2,39 @@
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
 import logging
 import math
 import os
-import socket
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from ignite.engine import Engine, Events
+from monai.optimizers import WarmupCosineSchedule
 
+from .files import atomic_file
 from .flags import as_flag  # noqa: F401  (re-exported; the configs check their options with bim.options)
 
 logger = logging.getLogger("bim")
 
 
-def warmup_cosine_factor(iteration: int, total_iterations: int, warmup_iterations: int, start_ratio: float) -> float:
-    """The paper's schedule as a factor of the peak learning rate ``lr_peak``.
-
-    Warm-up (linear over the first ``warmup_iterations``): ``lr = lr_peak * (r + (1 - r) * t / T_w)``, from
-    ``r * lr_peak`` (the paper: lr = lr_peak / N with N = 400 for pre-training, 200 for fine-tuning) to
-    ``lr_peak``; then cosine decay ``lr = lr_peak * (1 + cos(pi * (t - T_w) / (T - T_w))) / 2`` to 0 at ``T``.
-    """
-    if iteration < warmup_iterations:
-        return start_ratio + (1.0 - start_ratio) * iteration / max(1, warmup_iterations)
-    span = max(1, total_iterations - warmup_iterations)
-    progress = min(1.0, (iteration - warmup_iterations) / span)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-class WarmupCosine:
-    """Picklable lambda for :class:`torch.optim.lr_scheduler.LambdaLR` (see :func:`warmup_cosine_factor`)."""
-
-    def __init__(self, total_iterations: int, warmup_iterations: int, start_ratio: float = 1 / 400):
-        if total_iterations < 1:
-            raise ValueError(f"total_iterations must be >= 1, got {total_iterations}")
-        if not 0 < start_ratio <= 1:
-            raise ValueError(f"start_ratio must be in (0, 1], got {start_ratio}")
-        self.total_iterations = int(total_iterations)
-        self.warmup_iterations = int(min(warmup_iterations, total_iterations))
-        self.start_ratio = float(start_ratio)
-
-    def __call__(self, iteration: int) -> float:
-        return warmup_cosine_factor(iteration, self.total_iterations, self.warmup_iterations, self.start_ratio)
-
-
 def warmup_cosine_scheduler(optimizer, epochs: int, iters_per_epoch: int, warmup_epochs: int, start_ratio: float):
-    """LambdaLR stepping once per iteration: warm-up over ``warmup_epochs``, cosine over the rest."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(epochs * iters_per_epoch, warmup_epochs * iters_per_epoch, start_ratio)
-    )
+    r"""The paper's schedule, stepped once per iteration (MONAI's :class:`~monai.optimizers.WarmupCosineSchedule`),
+    with ``T = epochs * iters_per_epoch`` iterations, ``T_w = min(warmup_epochs * iters_per_epoch, T)`` of warm-up and
+    ``r = start_ratio``:
+
+    .. math:: lr_t = lr_{peak} \cdot \begin{cases} r + (1 - r)\, t / T_w & t < T_w \\
+              \tfrac12 \big(1 + \cos(\pi\, (t - T_w) / (T - T_w))\big) & t \ge T_w \end{cases}
+
+    a linear warm-up from ``r * lr_peak`` (the paper: lr_peak / N, N = 400 for pre-training, 200 for fine-tuning)
+    to ``lr_peak``, then a cosine decay to 0 at ``T``. A ``ValueError`` names a schedule of no iterations or a
+    ``start_ratio`` outside (0, 1]."""
+    total, warmup = int(epochs) * int(iters_per_epoch), int(warmup_epochs) * int(iters_per_epoch)
+    if total < 1:
+        raise ValueError(f"the schedule needs >= 1 iteration, got epochs x iters_per_epoch = {epochs} x {iters_per_epoch}")
+    if not 0 < start_ratio <= 1:
+        raise ValueError(f"warmup_start_ratio must be in (0, 1], got {start_ratio}")
+    return WarmupCosineSchedule(optimizer, warmup_steps=max(warmup, 0), t_total=total, warmup_multiplier=float(start_ratio))
 
 
 class RandomState:
@@ -80,7 +59,8 @@ class RandomState:
 
 def bf16_autocast(device: torch.device | str, enabled: bool = True):
     """bf16 autocast where it pays: on CUDA devices. On the CPU it is a no-op (bf16 convolutions without
-    hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores)."""
+    hardware support run ~50x slower than fp32; measured 18 s vs 0.4 s for a U-Net forward on 2 cores). For the
+    iterations of their own (pre-training, semi-supervised); the fine-tuning step takes MONAI's ``amp``."""
     device_type = torch.device(device).type
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bool(enabled) and device_type == "cuda")
 
@@ -98,48 +78,17 @@ def inference_autocast(device: torch.device | str, enabled: bool = True, cpu_bf1
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=on)
 
 
+def unwrap(network: torch.nn.Module) -> torch.nn.Module:
+    """The module inside ``network``'s wrappers: ``DistributedDataParallel``'s ``module`` and ``torch.compile``'s
+    ``_orig_mod`` (either order: a compiled module passes ``module`` on to what it wraps), and an
+    :class:`~torch.optim.swa_utils.AveragedModel`'s ``module``; ``network`` itself when it has none."""
+    network = getattr(network, "module", network)  # DistributedDataParallel, AveragedModel
+    return getattr(network, "_orig_mod", network)  # torch.compile
+
+
 def make_generator(seed: int) -> torch.Generator:
     """A CPU generator for sampling and augmentation parameters (identical streams on every device)."""
     return torch.Generator().manual_seed(int(seed))
-
-
-READABLE = 0o644  # what the bundles write (weights, checkpoints, CSV/JSON) is readable by others, as any new file
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Remove temporary files that :func:`atomic_file` left for ``path`` in a process of this host that is gone
-    (killed while writing); those of running processes and of other hosts are kept."""
-    prefix, host = f".{path.name}.", socket.gethostname()
-    for tmp in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        owner = tmp.name[len(prefix):].rsplit("-", 1)[0]
-        tmp_host, _, pid = owner.rpartition(".")
-        if tmp_host != host or not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except PermissionError:  # alive, another user's
-            pass
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike):
-    """Yields a temporary path in ``path``'s folder; when the block succeeds, the file gets mode 0644 and is renamed
-    to ``path`` (never half-written; ``tempfile`` creates it 0600); when it fails, the temporary file is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    owner = f"{socket.gethostname()}.{os.getpid()}"
-    _remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{owner}-", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield tmp
-        os.chmod(tmp, READABLE)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def atomic_save(obj, path: str | os.PathLike) -> Path:

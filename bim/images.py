@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import atomic_file
+
 
 def gray_rgb(x: np.ndarray) -> np.ndarray:
     """A 2D array min-max scaled to an RGB uint8 grey image [H, W, 3]."""
@@ -31,12 +33,9 @@ def tile_rows(rows: list[list[np.ndarray]], frame: int = 2) -> np.ndarray:
 
 
 def save_png(rgb: np.ndarray, path: Path) -> Path:
-    """Write an RGB uint8 array as PNG atomically (temporary file, then rename)."""
+    """Write an RGB uint8 array as PNG through :func:`~bim.files.atomic_file` (never half-written, mode 0644)."""
     from PIL import Image
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(rgb).save(tmp, format="PNG")
-    tmp.replace(path)
-    return path
+    with atomic_file(path) as tmp:
+        Image.fromarray(rgb).save(tmp, format="PNG")
+    return Path(path)

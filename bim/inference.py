@@ -31,7 +31,7 @@ from monai.config import KeysCollection
 from monai.inferers import Inferer
 from monai.transforms import InvertibleTransform, MapTransform
 
-from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast
+from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast, unwrap
 
 logger = logging.getLogger("bim")
 
@@ -139,11 +139,6 @@ def atomic_write_text(text: str, path: Path) -> Path:
     return Path(path)
 
 
-def _unwrap(network):
-    network = getattr(network, "module", network)
-    return getattr(network, "_orig_mod", network)
-
-
 class BestMetricSaver:
     """Attached to the validation evaluator: after each validation whose ``metric_name`` beats the best so far,
     writes the network's weights as a plain state dict to ``output_dir/model.pt`` (atomically; loadable with
@@ -204,7 +199,7 @@ class BestMetricSaver:
             logger.info(f"epoch {epoch}: {self.metric_name} {value:.4f} is the best so far, saving {self.output_dir / filename}")
         if not _is_main_process():
             return
-        state = {k: v.detach().cpu() for k, v in _unwrap(self.network).state_dict().items()}
+        state = {k: v.detach().cpu() for k, v in unwrap(self.network).state_dict().items()}
         atomic_save(state, self.output_dir / filename)
         record = {"metric": self.metric_name, "value": value, "epoch": epoch,
                   "checkpoint": (self.output_dir / filename).as_posix(), **self.info}

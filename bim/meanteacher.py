@@ -18,7 +18,10 @@ class SemiSupervisedTrainer(SupervisedTrainer):
 
     The engine output holds ``loss`` (total), ``image``/``label``/``pred`` of the labelled student view and
     ``terms`` (``loss_sup``, ``loss_reg``, the ramped ``weight``, and per method ``threshold``,
-    ``certain_fraction`` (UA-MT) or ``loss_disc`` (adversarial)) as Python floats-to-be (0-d tensors)."""
+    ``certain_fraction`` (UA-MT) or ``loss_disc`` (adversarial)) as Python floats-to-be (0-d tensors).
+
+    ``_iteration`` is overridden, as MONAI's one forward + loss + step cannot express a step of several forwards
+    (labelled and unlabelled batches, the teacher's), two optimisers (adversarial) and the teacher's EMA update."""
 
     def __init__(self, *args, step: SemiSupervisedMethod, method: str, **kwargs) -> None:
         check_method(method, step)

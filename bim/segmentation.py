@@ -6,22 +6,23 @@
   task as a :class:`~bim.data.SliceStore` of class indices on the device;
 - :class:`SegmentationAugment`: the training augmentation (random crop/pad, flips, rotation, scaling as one
   matrix and one ``grid_sample`` per batch; image and label share the matrix; intensity jitter);
-- :func:`supervised_loss`: augment a labelled batch, run the network under bf16 autocast, cross-entropy in fp32.
+- :func:`labelled_cross_entropy`: the fine-tuning loss.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from monai.networks.utils import copy_model_state
 from torch import nn
 
 from .data import SliceStore, read_items
-from .engine import bf16_autocast, load_weights
+from .engine import load_weights, unwrap
 from .inference import is_prepared
 from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
 from .tasks import SegmentationTask, get_task, labelled_key
@@ -29,11 +30,6 @@ from .tasks import SegmentationTask, get_task, labelled_key
 logger = logging.getLogger("bim")
 
 _PREFIXES = ("", "module.", "unet.", "cluster_net.unet.", "_orig_mod.", "model.", "network.")
-
-
-def _unwrap(network: nn.Module) -> nn.Module:
-    network = getattr(network, "module", network)  # DistributedDataParallel
-    return getattr(network, "_orig_mod", network)  # torch.compile
 
 
 def read_state_dict(path: str | os.PathLike, map_location="cpu") -> dict[str, torch.Tensor]:
@@ -64,59 +60,61 @@ def _summarise(keys: Sequence[str], limit: int = 12) -> str:
     return f"{len(keys)} tensors in {', '.join(modules[:limit])}{' ...' if len(modules) > limit else ''}"
 
 
+def _strip_prefix(source: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in source.items() if k.startswith(prefix)}
+
+
+def _weight_matches(source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]) -> int:
+    """How many tensors of ``source`` ``target`` has under the same name and shape, BatchNorm's scalar counters left
+    out (they match any BatchNorm network)."""
+    return sum(1 for k, v in source.items() if not k.endswith("num_batches_tracked") and k in target
+               and tuple(target[k].shape) == tuple(v.shape))
+
+
 def load_pretrained(network: nn.Module, path: str | os.PathLike | None, map_location="cpu") -> nn.Module:
-    """Copy into ``network`` every tensor of the checkpoint at ``path`` whose name and shape match (a common
-    prefix such as ``module.`` or ``unet.`` is stripped when that matches more names) and log what was loaded
-    and what was not. ``path`` None/"" keeps the random initialisation (the paper's Baseline).
+    """Copy into ``network`` every tensor of the checkpoint at ``path`` whose name and shape match (MONAI's
+    :func:`~monai.networks.utils.copy_model_state`), after stripping the common prefix (``module.``, ``unet.``, ...)
+    that matches the most names, and log what was loaded and what was not. ``path`` None/"" keeps the random
+    initialisation (the paper's Baseline).
 
     The report is kept as ``network.pretrained_report`` (``loaded``, ``not_loaded``, ``shape_mismatch``,
-    ``unused``, ``path``). A checkpoint that matches no tensor of ``network`` (another architecture) raises a
-    ``ValueError`` naming the file. Returns ``network``.
+    ``unused``, ``path``). A missing file is a ``FileNotFoundError``; a checkpoint that matches no tensor of
+    ``network`` (another architecture or other widths) a ``ValueError`` naming the file and the ``--features`` option.
+    Returns ``network``.
     """
+    net = unwrap(network)
     if path in (None, "", "None", "null", False):
         logger.info("pretrained: none, the network keeps its random initialisation")
-        network.pretrained_report = {"path": None, "loaded": [], "not_loaded": list(_unwrap(network).state_dict()),
+        network.pretrained_report = {"path": None, "loaded": [], "not_loaded": list(net.state_dict()),
                                      "shape_mismatch": [], "unused": []}
         return network
-    source = read_state_dict(path, map_location)
-    target = _unwrap(network).state_dict()
-
-    def matches(prefix: str) -> dict[str, torch.Tensor]:
-        out = {}
-        for k, v in source.items():
-            if k.startswith(prefix):
-                name = k[len(prefix):]
-                if name in target and tuple(target[name].shape) == tuple(v.shape):
-                    out[name] = v
-        return out
-
-    def weights(d):  # BatchNorm's scalar counters match any BN network: they do not count as a match
-        return [k for k in d if not k.endswith("num_batches_tracked")]
-
-    prefix = max(_PREFIXES, key=lambda p: len(weights(matches(p))))
-    loadable = matches(prefix)
-    if not weights(loadable):
+    source, target = read_state_dict(path, map_location), net.state_dict()
+    prefix = max(_PREFIXES, key=lambda p: _weight_matches(_strip_prefix(source, p), target))
+    stripped = _strip_prefix(source, prefix)
+    if not _weight_matches(stripped, target):
         raise ValueError(
             f"pretrained checkpoint {path} matches no tensor of the network (name and shape): it is not a "
-            f"checkpoint of this U-Net (features / in_channels differ?). Checkpoint keys start with "
-            f"{sorted(source)[:3]}, the network's with {sorted(target)[:3]}"
+            f"checkpoint of this U-Net; pass the --features (and --unet_style, in_channels) it was trained with. "
+            f"Checkpoint keys start with {sorted(source)[:3]}, the network's with {sorted(target)[:3]}"
         )
-    stripped = {k[len(prefix):]: v for k, v in source.items() if k.startswith(prefix)}
-    shape_mismatch = sorted(k for k in stripped if k in target and k not in loadable)
-    unused = sorted(k for k in stripped if k not in target)
-    not_loaded = sorted(k for k in target if k not in loadable)
-    _unwrap(network).load_state_dict(loadable, strict=False)
-    logger.info(f"pretrained: loaded {len(loadable)}/{len(target)} tensors of the network from {path}"
-                + (f" (prefix {prefix!r} stripped)" if prefix else ""))
-    if not_loaded:
-        logger.info(f"pretrained: not loaded (kept their initialisation): {_summarise(not_loaded)}")
-    if shape_mismatch:
-        logger.warning(f"pretrained: shape mismatch, skipped: {_summarise(shape_mismatch)}")
-    if unused:
-        logger.info(f"pretrained: checkpoint tensors without a place in the network: {_summarise(unused)}")
-    network.pretrained_report = {"path": str(path), "loaded": sorted(loadable), "not_loaded": not_loaded,
-                                 "shape_mismatch": shape_mismatch, "unused": unused}
+    _, loaded, not_loaded = copy_model_state(net, stripped, inplace=True)
+    network.pretrained_report = {
+        "path": str(path), "loaded": loaded, "not_loaded": not_loaded,
+        "shape_mismatch": sorted(k for k in stripped if k in target and k not in loaded),
+        "unused": sorted(k for k in stripped if k not in target)}
+    _log_pretrained(network.pretrained_report, len(target), prefix)
     return network
+
+
+def _log_pretrained(report: dict, size: int, prefix: str) -> None:
+    logger.info(f"pretrained: loaded {len(report['loaded'])}/{size} tensors of the network from {report['path']}"
+                + (f" (prefix {prefix!r} stripped)" if prefix else ""))
+    if report["not_loaded"]:
+        logger.info(f"pretrained: not loaded (kept their initialisation): {_summarise(report['not_loaded'])}")
+    if report["shape_mismatch"]:
+        logger.warning(f"pretrained: shape mismatch, skipped: {_summarise(report['shape_mismatch'])}")
+    if report["unused"]:
+        logger.info(f"pretrained: checkpoint tensors without a place in the network: {_summarise(report['unused'])}")
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -247,23 +245,3 @@ def labelled_cross_entropy(logits: torch.Tensor, label: torch.Tensor) -> torch.T
     indices ``label`` [B, 1, H, W], MONAI's channel-first label layout. Any loss with this signature can take its
     place through the bundles' ``loss_function`` (e.g. ``monai.losses.DiceCELoss(to_onehot_y=True, softmax=True)``)."""
     return F.cross_entropy(logits, label[:, 0].long())
-
-
-def supervised_loss(
-    network: nn.Module,
-    batch: Mapping[str, torch.Tensor],
-    augment: SegmentationAugment,
-    bf16: bool = True,
-    loss_function: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = labelled_cross_entropy,
-) -> dict[str, torch.Tensor]:
-    """One labelled step without the optimiser: augment ``batch`` (``image`` [B, 1, H, W], ``label``
-    [B, 1, H, W] class indices), forward under bf16 autocast (CUDA only), ``loss_function(logits, label)`` in fp32
-    (cross-entropy by default). Returns ``loss`` (scalar), ``image``, ``label`` ([B, 1, h, w] long) and ``pred``
-    (logits, fp32)."""
-    image, label = augment(batch["image"], batch["label"])
-    with bf16_autocast(image.device, bf16):
-        logits = network(image)
-    logits = logits.float()
-    label = label.long()
-    loss = loss_function(logits, label)
-    return {"loss": loss, "image": image, "label": label, "pred": logits}

@@ -50,7 +50,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore, read_items
-from .engine import bf16_autocast
+from .engine import bf16_autocast, unwrap
 from .flags import as_flag
 from .gpu_augment import random_affine_matrices, warp
 from .inference import is_prepared
@@ -102,18 +102,13 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     teacher has no gradients and is kept in eval mode between steps."""
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
-    student = _unwrap(network)
+    student = unwrap(network)
     teacher = AveragedModel(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=bool(average_buffers))
     teacher.update_parameters(student)  # n_averaged 0 -> 1: the copy
     teacher.requires_grad_(False)
     teacher.eval()
     teacher.decay = float(decay)
     return teacher
-
-
-def _unwrap(network: nn.Module) -> nn.Module:
-    network = getattr(network, "module", network)  # DistributedDataParallel
-    return getattr(network, "_orig_mod", network)  # torch.compile
 
 
 def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
@@ -235,7 +230,11 @@ def sample_beta(alpha: float, n: int) -> torch.Tensor:
 class PredictionDiscriminator(nn.Module):
     """The adversarial-training discriminator: a small CNN on softmax maps [B, C, H, W] -> one logit per image
     ("predicted on a labelled image"). Strided 4x4 convolutions with LeakyReLU(0.2), global average pooling,
-    a linear layer."""
+    a linear layer.
+
+    Kept rather than :class:`monai.networks.nets.Discriminator`, which ends in a linear layer over the flattened
+    features of one fixed ``in_shape`` (tied to the crop size), adds residual units, instance norm, dropout and a
+    sigmoid, and takes odd kernels only: this one is the method's small CNN, any input size."""
 
     def __init__(self, in_channels: int, features: Sequence[int] = (32, 64, 128, 256)) -> None:
         super().__init__()
@@ -467,7 +466,7 @@ class SemiSupervisedMethod:
 
     def update_teacher(self, student: nn.Module) -> None:
         """One EMA step of the teacher towards the student (DDP / compile wrappers unwrapped)."""
-        self.teacher.update_parameters(_unwrap(student))
+        self.teacher.update_parameters(unwrap(student))
 
     # ---- views
 

@@ -64,17 +64,8 @@ def _profile(t: np.ndarray, peak: float) -> np.ndarray:
     return np.sqrt(np.clip(1.0 - ((t - peak) / w) ** 2, 0.02, None))
 
 
-def make_patient(seed: int, index: int) -> dict:
-    """All arrays and metadata of one synthetic patient (deterministic in (seed, index))."""
-    rng = np.random.default_rng([int(seed), int(index), 31337])
-    group = GROUPS[(index - 1) % len(GROUPS)]
-    nx = 112 + 8 * int(rng.integers(-1, 2))
-    ny = 112
-    nz = int(rng.integers(6, 11))
-    sp = float(np.round(rng.uniform(1.2, 1.6), 4))
-    dz = float(np.round(rng.uniform(8.0, 10.0), 2))
-
-    # ---- anatomy parameters (mm)
+def _anatomy(rng, group: str, fov: tuple[float, float]) -> dict:
+    """The heart's shape and motion (mm, radians) of a patient of pathology ``group`` in a field of view ``fov``."""
     r_lv = rng.uniform(17.0, 23.0) * {"NOR": 1.0, "MINF": 1.15, "DCM": 1.35, "HCM": 0.8, "RV": 0.95}[group]
     wall = rng.uniform(6.0, 8.5) * {"NOR": 1.0, "MINF": 0.9, "DCM": 0.75, "HCM": 1.7, "RV": 1.0}[group]
     r_rv = r_lv * rng.uniform(1.25, 1.55) * (1.4 if group == "RV" else 1.0)
@@ -84,30 +75,32 @@ def make_patient(seed: int, index: int) -> dict:
     ecc = rng.uniform(0.0, 0.18)
     theta = rng.uniform(0, np.pi)
     phi = 0.8 * np.pi + rng.uniform(-0.45, 0.45)  # RV direction (roughly consistent, like short-axis views)
-    fov_x, fov_y = nx * sp, ny * sp
     cx, cy = rng.uniform(-14, 14), rng.uniform(-14, 14)
     peak = rng.uniform(0.2, 0.4)
     t_rv_end = rng.uniform(0.68, 0.85)
+    return dict(r_lv=r_lv, wall=wall, r_rv=r_rv, ef_lv=ef_lv, ef_rv=ef_rv, ecc=ecc, theta=theta, phi=phi, cx=cx, cy=cy,
+                peak=peak, t_rv_end=t_rv_end, fov=fov)
 
-    # ---- intensity parameters
+
+def _intensities(rng) -> dict:
+    """Tissue, myocardium and blood-pool intensities, the noise level and the int16 scale of a patient."""
     tissue = rng.uniform(0.28, 0.42)
     myo_i = tissue + rng.uniform(-0.06, 0.06)
     lv_i = rng.uniform(0.72, 0.95)
     rv_i = lv_i * rng.uniform(0.85, 1.05)
     noise_sigma = rng.uniform(0.02, 0.05)
     scale = rng.uniform(400.0, 1200.0)
+    return dict(tissue=tissue, myo_i=myo_i, lv_i=lv_i, rv_i=rv_i, noise_sigma=noise_sigma, scale=scale)
 
-    x = ((np.arange(nx) - nx / 2 + 0.5) * sp)[:, None, None].astype(np.float32)
-    y = ((np.arange(ny) - ny / 2 + 0.5) * sp)[None, :, None].astype(np.float32)
-    t = (np.arange(nz) + 0.5) / nz
-    f = _profile(t, peak)[None, None, :]
-    f_rv = (f * np.sqrt(np.clip((t_rv_end - t) / 0.12, 0.0, 1.0))[None, None, :])
-    shape = (nx, ny, nz)
 
-    # ---- static background (shared by ED and ES)
+def _background(rng, grid: dict, a: dict, i: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The static background shared by ED and ES: ``(body, bg)``, the body's elliptical 'radius' and the textured
+    tissue with dark lungs and 3-6 organs (the first a bright vessel-like disk next to the heart)."""
+    x, y, t, shape, sp = grid["x"], grid["y"], grid["t"], grid["shape"], grid["sp"]
+    (fov_x, fov_y), cx, cy, phi = a["fov"], a["cx"], a["cy"], a["phi"]
     body = _ellipse_dist(x, y, rng.uniform(-5, 5), rng.uniform(-5, 5), 0.47 * fov_x * rng.uniform(0.95, 1.1),
                          0.43 * fov_y * rng.uniform(0.95, 1.1), rng.uniform(-0.3, 0.3))
-    bg = tissue + 0.10 * _smooth_noise(rng, shape, 6.0 / sp) + 0.05 * _smooth_noise(rng, shape, 1.5 / sp)
+    bg = i["tissue"] + 0.10 * _smooth_noise(rng, shape, 6.0 / sp) + 0.05 * _smooth_noise(rng, shape, 1.5 / sp)
     for side in (-1.0, 1.0):  # lungs: dark, lateral to the heart
         lung = _ellipse_dist(x, y, cx + side * rng.uniform(42, 55), cy + rng.uniform(-15, 15),
                              rng.uniform(18, 26), rng.uniform(30, 45), rng.uniform(-0.4, 0.4))
@@ -117,7 +110,8 @@ def make_patient(seed: int, index: int) -> dict:
         if k == 0:  # bright vessel-like disk next to the heart (aorta-ish): bright like the blood pools
             ang = phi + np.pi + rng.uniform(-0.8, 0.8)
             d = rng.uniform(35, 45)
-            ox, oy, ra, rb, val = cx + d * np.cos(ang), cy + d * np.sin(ang), rng.uniform(7, 11), rng.uniform(7, 11), lv_i * rng.uniform(0.85, 1.05)
+            ox, oy, ra, rb, val = (cx + d * np.cos(ang), cy + d * np.sin(ang), rng.uniform(7, 11), rng.uniform(7, 11),
+                                   i["lv_i"] * rng.uniform(0.85, 1.05))
         else:
             ox, oy = rng.uniform(-0.4, 0.4) * fov_x, rng.uniform(-0.4, 0.4) * fov_y
             ra, rb, val = rng.uniform(5, 25), rng.uniform(5, 25), rng.uniform(0.1, 0.9)
@@ -126,65 +120,101 @@ def make_patient(seed: int, index: int) -> dict:
         zmask = ((t >= z0) & (t <= z0 + z_ext))[None, None, :]
         blob = _ellipse_dist(x, y, ox, oy, ra, rb, rng.uniform(0, np.pi))
         bg = np.where((blob < 1.0) & zmask, val + 0.04 * _smooth_noise(rng, shape, 2.0 / sp), bg)
-    air = 0.02
+    return body, bg
+
+
+def _textures(rng, grid: dict, fov: tuple[float, float]) -> dict:
+    """The multiplicative bias field and the blood-pool and myocardium textures."""
+    x, y, shape, sp = grid["x"], grid["y"], grid["shape"], grid["sp"]
     bias = np.exp(0.22 * _smooth_noise(rng, shape[:2] + (1,), 25.0 / sp)
-                  + 0.15 * (x / fov_x) * rng.uniform(-1, 1) + 0.15 * (y / fov_y) * rng.uniform(-1, 1)).astype(np.float32)
+                  + 0.15 * (x / fov[0]) * rng.uniform(-1, 1) + 0.15 * (y / fov[1]) * rng.uniform(-1, 1)).astype(np.float32)
     blood_tex = 0.04 * _smooth_noise(rng, shape, 1.2 / sp)  # trabeculation-like texture in the pools
     myo_tex = 0.03 * _smooth_noise(rng, shape, 2.0 / sp)
+    return dict(bias=bias, blood_tex=blood_tex, myo_tex=myo_tex)
 
+
+def _phase_radii(a: dict, phase: str) -> tuple[float, float, float]:
+    """``(r_endo, r_rv, wall)`` at ``phase``: ED as drawn, ES contracted by the ejection fractions with the
+    myocardial area conserved."""
+    if phase == "ED":
+        return a["r_lv"], a["r_rv"], a["wall"]
+    r_endo = a["r_lv"] * np.sqrt(1.0 - a["ef_lv"])
+    r_epi_ed = a["r_lv"] + a["wall"]
+    wall = np.sqrt(r_endo**2 + (r_epi_ed**2 - a["r_lv"] ** 2)) - r_endo  # myocardial area conserved
+    return r_endo, a["r_rv"] * np.sqrt(1.0 - a["ef_rv"]), wall
+
+
+def _phase_label(grid: dict, a: dict, phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(label, rv_wall_out)`` at ``phase``: the classes (0 bg, 1 RV, 2 Myo, 3 LV) and the unlabelled RV free wall."""
+    x, y, f, f_rv = grid["x"], grid["y"], grid["f"], grid["f_rv"]
+    r_endo, r_rv_p, w_p = _phase_radii(a, phase)
+    epi = (r_endo + w_p) * f  # per-slice epicardial radius
+    endo = np.clip(epi - w_p * (1.0 + 0.25 * (f < 0.6)), 0.0, None)
+    r = _ellipse_dist(x, y, a["cx"], a["cy"], 1.0 + a["ecc"], 1.0 - a["ecc"], a["theta"])  # LV ellipse 'radius' (mm)
+    lv = r < endo
+    myo = (r >= endo) & (r < epi)
+    a_rv = np.maximum(r_rv_p * 0.75 * f_rv, 1e-3)
+    b_rv = np.maximum(r_rv_p * 1.15 * f_rv, 1e-3)
+    off = epi * 0.8 + 0.2 * a_rv
+    rcx, rcy = a["cx"] + off * np.cos(a["phi"]), a["cy"] + off * np.sin(a["phi"])
+    d_rv = _ellipse_dist(x, y, rcx, rcy, a_rv, b_rv, a["phi"])
+    rv_wall_out = (d_rv < 1.0 + 3.0 / b_rv) & (r >= epi) & (f_rv > 0.05)
+    rv = (d_rv < 1.0) & (r >= epi + 2.0) & (f_rv > 0.05)
+    label = np.zeros(grid["shape"], np.uint8)
+    label[rv] = 1
+    label[myo] = 2
+    label[lv] = 3
+    return label, rv_wall_out
+
+
+def _phase_image(rng, label: np.ndarray, rv_wall_out: np.ndarray, body, bg, i: dict, tex: dict) -> np.ndarray:
+    """The int16 image of one phase: intensities by class, partial-volume blur, bias field, Rician noise."""
+    img = np.where(body < 1.0, bg, 0.02).astype(np.float32)  # 0.02: air outside the body
+    img = np.where(rv_wall_out, i["myo_i"] + tex["myo_tex"], img)  # RV free wall + septum edge, labelled 0
+    img = np.where(label == 2, i["myo_i"] + tex["myo_tex"], img)
+    img = np.where(label == 1, i["rv_i"] + tex["blood_tex"], img)
+    img = np.where(label == 3, i["lv_i"] + tex["blood_tex"], img)
+    img = _blur(img, 0.6)
+    img = np.clip(img, 0.0, None) * tex["bias"]
+    n1 = rng.standard_normal(label.shape).astype(np.float32) * i["noise_sigma"]
+    n2 = rng.standard_normal(label.shape).astype(np.float32) * i["noise_sigma"]
+    img = np.sqrt((img + n1) ** 2 + n2**2)
+    return np.round(img * i["scale"]).clip(0, 32767).astype(np.int16)
+
+
+def _grid(nx: int, ny: int, nz: int, sp: float, a: dict) -> dict:
+    """Voxel-centre coordinates (mm, broadcastable over (x, y, slice)), the slice positions t in (0, 1) and the
+    per-slice radius profiles of the LV (``f``) and RV (``f_rv``)."""
+    t = (np.arange(nz) + 0.5) / nz
+    f = _profile(t, a["peak"])[None, None, :]
+    return {"x": ((np.arange(nx) - nx / 2 + 0.5) * sp)[:, None, None].astype(np.float32),
+            "y": ((np.arange(ny) - ny / 2 + 0.5) * sp)[None, :, None].astype(np.float32),
+            "t": t, "f": f, "f_rv": f * np.sqrt(np.clip((a["t_rv_end"] - t) / 0.12, 0.0, 1.0))[None, None, :],
+            "shape": (nx, ny, nz), "sp": sp}
+
+
+def make_patient(seed: int, index: int) -> dict:
+    """All arrays and metadata of one synthetic patient (deterministic in (seed, index))."""
+    rng = np.random.default_rng([int(seed), int(index), 31337])
+    group = GROUPS[(index - 1) % len(GROUPS)]
+    nx = 112 + 8 * int(rng.integers(-1, 2))
+    ny = 112
+    nz = int(rng.integers(6, 11))
+    sp = float(np.round(rng.uniform(1.2, 1.6), 4))
+    dz = float(np.round(rng.uniform(8.0, 10.0), 2))
+    a = _anatomy(rng, group, (nx * sp, ny * sp))
+    i = _intensities(rng)
+    grid = _grid(nx, ny, nz, sp, a)
+    body, bg = _background(rng, grid, a, i)
+    tex = _textures(rng, grid, a["fov"])
     frames = {}
     for phase in ("ED", "ES"):
-        if phase == "ED":
-            r_endo, r_rv_p, w_p = r_lv, r_rv, wall
-        else:
-            r_endo = r_lv * np.sqrt(1.0 - ef_lv)
-            r_epi_ed = r_lv + wall
-            w_p = np.sqrt(r_endo**2 + (r_epi_ed**2 - r_lv**2)) - r_endo  # myocardial area conserved
-            r_rv_p = r_rv * np.sqrt(1.0 - ef_rv)
-        epi = (r_endo + w_p) * f  # per-slice epicardial radius
-        endo = np.clip(epi - w_p * (1.0 + 0.25 * (f < 0.6)), 0.0, None)
-        d_lv = _ellipse_dist(x, y, cx, cy, 1.0 + ecc, 1.0 - ecc, theta)  # unit-radius ellipse 'distance'
-        r = d_lv * 1.0  # mm-like radial coordinate of the LV ellipse family
-        lv = r < endo
-        myo = (r >= endo) & (r < epi)
-        a_rv = np.maximum(r_rv_p * 0.75 * f_rv, 1e-3)
-        b_rv = np.maximum(r_rv_p * 1.15 * f_rv, 1e-3)
-        off = epi * 0.8 + 0.2 * a_rv
-        rcx, rcy = cx + off * np.cos(phi), cy + off * np.sin(phi)
-        d_rv = _ellipse_dist(x, y, rcx, rcy, a_rv, b_rv, phi)
-        rv_wall_out = (d_rv < 1.0 + 3.0 / b_rv) & (r >= epi) & (f_rv > 0.05)
-        rv = (d_rv < 1.0) & (r >= epi + 2.0) & (f_rv > 0.05)
-        label = np.zeros(shape, np.uint8)
-        label[rv] = 1
-        label[myo] = 2
-        label[lv] = 3
-        img = np.where(body < 1.0, bg, air).astype(np.float32)
-        img = np.where(rv_wall_out, myo_i + myo_tex, img)  # RV free wall + septum edge, labelled 0
-        img = np.where(myo, myo_i + myo_tex, img)
-        img = np.where(rv, rv_i + blood_tex, img)
-        img = np.where(lv, lv_i + blood_tex, img)
-        img = _blur(img, 0.6)
-        img = np.clip(img, 0.0, None) * bias
-        n1 = rng.standard_normal(shape).astype(np.float32) * noise_sigma
-        n2 = rng.standard_normal(shape).astype(np.float32) * noise_sigma
-        img = np.sqrt((img + n1) ** 2 + n2**2)
-        frames[phase] = (np.round(img * scale).clip(0, 32767).astype(np.int16), label)
-
+        label, rv_wall_out = _phase_label(grid, a, phase)
+        frames[phase] = (_phase_image(rng, label, rv_wall_out, body, bg, i, tex), label)
     es_frame = int(rng.integers(9, 16))
-    return {
-        "patient": f"patient{index:03d}",
-        "group": group,
-        "spacing": (sp, sp, dz),
-        "frames": frames,
-        "info": {
-            "ED": 1,
-            "ES": es_frame,
-            "Group": group,
-            "Height": float(np.round(rng.uniform(150, 195), 1)),
-            "NbFrame": int(rng.integers(max(es_frame + 8, 25), 31)),
-            "Weight": float(np.round(rng.uniform(50, 110), 1)),
-        },
-    }
+    info = {"ED": 1, "ES": es_frame, "Group": group, "Height": float(np.round(rng.uniform(150, 195), 1)),
+            "NbFrame": int(rng.integers(max(es_frame + 8, 25), 31)), "Weight": float(np.round(rng.uniform(50, 110), 1))}
+    return {"patient": f"patient{index:03d}", "group": group, "spacing": (sp, sp, dz), "frames": frames, "info": info}
 
 
 def write_patient(p: dict, root: Path) -> None:

@@ -166,7 +166,7 @@ def test_load_pretrained_refuses_another_architecture(tmp_path):
     from bim.segmentation import load_pretrained
 
     other = _save(build_unet(out_channels=1, features=(4, 8, 16, 32, 64, 4)).state_dict(), tmp_path / "other.pt")
-    with pytest.raises(ValueError, match=r"other\.pt matches no tensor of the network"):
+    with pytest.raises(ValueError, match=r"other\.pt matches no tensor of the network.*pass the --features"):
         load_pretrained(build_unet(out_channels=2, features=SMALL), other)
     lin = _save(torch.nn.Linear(3, 2).state_dict(), tmp_path / "linear.pt")
     with pytest.raises(ValueError, match="linear.pt matches no tensor"):
@@ -423,24 +423,34 @@ def test_every_training_bundle_applies_cudnn_deterministic_in_initialize(bundle,
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
-def test_supervised_loss_uses_the_loss_function_given_and_the_bundles_default_is_cross_entropy():
-    """``train#trainer#loss_function`` is what the fine-tuning step minimises (a MONAI loss works as an override);
-    both training bundles default to the paper's cross-entropy."""
+def test_the_fine_tuning_step_minimises_the_loss_function_given_and_the_bundles_default_is_cross_entropy():
+    """``train#trainer#loss_function`` is what the fine-tuning step (MONAI's SupervisedTrainer iteration on the batch
+    that :class:`bim.finetune.AugmentBatch` augments) minimises (a MONAI loss works as an override); both training
+    bundles default to the paper's cross-entropy."""
     import torch.nn.functional as F
     from monai.bundle import ConfigParser
     from monai.losses import DiceCELoss
 
-    from bim.segmentation import SegmentationAugment, labelled_cross_entropy, supervised_loss
+    from bim.finetune import FineTuneTrainer
+    from bim.segmentation import SegmentationAugment, labelled_cross_entropy
 
     torch.manual_seed(0)
-    net = build_unet(out_channels=2, features=SMALL)
     batch = {"image": torch.rand(2, 1, 48, 48), "label": torch.randint(0, 2, (2, 1, 48, 48)).to(torch.uint8)}
+    initial = build_unet(out_channels=2, features=SMALL).state_dict()
 
     def run(loss_function=labelled_cross_entropy):
+        net = build_unet(out_channels=2, features=SMALL)
+        net.load_state_dict(initial)
         augment = SegmentationAugment(crop_size=32, generator=torch.Generator().manual_seed(1))
-        return supervised_loss(net, batch, augment, bf16=False, loss_function=loss_function)
+        trainer = FineTuneTrainer(device="cpu", max_epochs=1, epoch_length=1, train_data_loader=[batch], network=net,
+                                  optimizer=torch.optim.SGD(net.parameters(), lr=0.0), loss_function=loss_function,
+                                  augment=augment)
+        trainer.run()
+        return trainer.state.output
 
     ce, dice_ce = run(), run(DiceCELoss(to_onehot_y=True, softmax=True))
+    assert ce["label"].dtype == torch.long and ce["image"].shape == ce["label"].shape == (2, 1, 32, 32)
+    assert torch.equal(ce["image"], dice_ce["image"])  # the same augmentation draw
     assert torch.allclose(ce["loss"], F.cross_entropy(ce["pred"], ce["label"][:, 0]))
     assert float(dice_ce["loss"]) > float(ce["loss"]) + 0.1  # the Dice term was added (same augmentation, same net)
     for bundle in ("finetune_seg", "meanteacher_seg"):

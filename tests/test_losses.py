@@ -384,6 +384,22 @@ def test_sobel_responds_only_at_vertical_step_edge():
     assert torch.allclose(grad_edges, expected, atol=1e-4)
 
 
+def test_sobel_edge_map_is_the_edge_map_of_monais_sobel_gradients():
+    """phi of L_CC from MONAI's SobelGradients (replicate padding, unnormalised kernels), applied per slice as the
+    channel-first transform it is, then the same magnitude, channel mean and min-max: the same values in float64
+    (a changed kernel, padding or normalisation moves them by >= 1e-3). The project keeps its own batched version
+    for speed (see sobel_edge_map)."""
+    from monai.transforms import SobelGradients
+
+    image = torch.rand(3, 2, 20, 24, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    sobel = SobelGradients(kernel_size=3, padding_mode="replicate", normalize_kernels=False, dtype=torch.float64)
+    grads = torch.stack([torch.as_tensor(sobel(slice_)) for slice_ in image])  # [B, 2 * C, H, W]: d/dH, then d/dW
+    magnitude = grads.view(3, 2, 2, 20, 24).pow(2).sum(1).sqrt().mean(1, keepdim=True)
+    low, high = magnitude.amin(dim=(2, 3), keepdim=True), magnitude.amax(dim=(2, 3), keepdim=True)
+    expected = (magnitude - low) / (high - low + L.EPS)
+    assert torch.allclose(L.sobel_edge_map(image), expected, rtol=0, atol=64 * torch.finfo(torch.float64).eps)
+
+
 def test_edge_maps_are_normalised_and_power_is_applied():
     image = torch.rand(3, 2, 16, 16, generator=torch.Generator().manual_seed(4))
     for out in (L.sobel_edge_map(image), L.gradient_power_edge_map(image, power=0.5)):

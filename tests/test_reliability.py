@@ -83,18 +83,18 @@ def test_help_lists_the_options_with_defaults_and_meanings_and_runs_nothing(tmp_
 
 def test_the_last_line_printed_for_a_wrapped_error_is_the_projects_message(capsys):
     """MONAI wraps a component's error in RuntimeError('Failed to instantiate ...'); the hook ends with ours."""
-    from bim.engine import WarmupCosine
+    from bim.engine import warmup_cosine_scheduler
     from bim.errors import excepthook
 
     try:
         try:
-            WarmupCosine(total_iterations=0, warmup_iterations=0)
+            warmup_cosine_scheduler(None, epochs=0, iters_per_epoch=10, warmup_epochs=0, start_ratio=0.01)
         except ValueError as e:
             raise RuntimeError("Failed to instantiate component 'x'\n set '_mode_=debug'") from e
     except RuntimeError as e:
         excepthook(type(e), e, e.__traceback__)
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == "error: total_iterations must be >= 1, got 0"
+    assert err.splitlines()[-1] == "error: the schedule needs >= 1 iteration, got epochs x iters_per_epoch = 0 x 10"
     assert "Traceback" in err  # the tracebacks come first, as Python prints them
     assert sys.excepthook is excepthook  # installed by importing bim
 

@@ -28,6 +28,8 @@ from pathlib import Path
 import fire
 import torch
 
+from bim.files import atomic_file
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,9 +51,8 @@ def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> d
     on_gpu = device.type == "cuda"
     table = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total", row_limit=rows)
     out = Path(path)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(table + "\n")
-    tmp.replace(out)
+    with atomic_file(out) as tmp:
+        Path(tmp).write_text(table + "\n")
     busy = sum(_device_time_us(e) for e in prof.key_averages()) / 1e6 if on_gpu else None
     return {"table": str(out), "wall_s": wall_s,
             "gpu_busy_share": round(busy / wall_s, 3) if busy is not None and wall_s > 0 else None}
@@ -184,9 +185,8 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
     text = json.dumps(result, indent=2)
     print(text)
     if out:
-        tmp = Path(out).with_name(f".{Path(out).name}.tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(out)
+        with atomic_file(out) as tmp:
+            Path(tmp).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import read_items, resolve_dataset_dir, volume_loader
-from ..engine import load_weights
+from ..engine import load_weights, unwrap
 from ..inference import SliceBatchInferer, atomic_write_text
 from .model import upgrade_pretrain_state_dict
 
@@ -71,7 +71,11 @@ def many_to_one_dice(counts: torch.Tensor) -> torch.Tensor:
 
 
 def normalised_mutual_information(counts: torch.Tensor) -> float:
-    """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant)."""
+    """``I(K; C) / sqrt(H(K) H(C))`` from the joint counts [K, C] (0 when either side is constant).
+
+    Written here: no dependency has the NMI of two labellings (Ignite's ``MutualInformation`` is the unnormalised
+    I(X; Y) of predicted probability vectors, MONAI's ``GlobalMutualInformationLoss`` a Parzen-window loss between
+    images; numpy and torch have none)."""
     p = counts / counts.sum().clamp_min(1e-12)
     pk, pc = p.sum(1, keepdim=True), p.sum(0, keepdim=True)
     nz = p > 0
@@ -201,8 +205,7 @@ class ClusterQualityHandler:
         return out
 
     def __call__(self, engine: Engine) -> None:
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        self.write(self.score(getattr(model, "_orig_mod", model)))
+        self.write(self.score(unwrap(engine.network)))
 
     def evaluate_checkpoint(self, network: torch.nn.Module, checkpoint: str) -> dict | None:
         """``evaluate.json``'s entry point: load the ``network`` entry of a pre-training checkpoint

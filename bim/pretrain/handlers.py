@@ -11,7 +11,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import SliceStore
-from ..engine import atomic_save
+from ..engine import atomic_save, unwrap
 from ..gpu_augment import crop_matrices, warp
 from ..images import gray_rgb, save_png, tile_rows
 
@@ -32,7 +32,11 @@ class ClusterPanelHandler:
     """Every ``interval`` iterations (and at the end) writes ``output_dir/clusters_iterNNNNNN.png`` and
     ``clusters_latest.png``: one row per slice, columns image | cluster map (argmax, fixed palette) |
     cluster-entropy map | edge map, and logs the marginal entropy and the number of clusters in use on these
-    slices (a collapse detector) to the console and to ``engine.state.metrics``."""
+    slices (a collapse detector) to the console and to ``engine.state.metrics``.
+
+    The cluster map is drawn with :func:`cluster_palette`, not ``monai.visualize.blend_images``: that overlays a
+    label on the image with a colour map scaled by each label's maximum, so a cluster's colour would change from slice
+    to slice and panel to panel, and cluster 0, a cluster like any other, would be left uncoloured as background."""
 
     def __init__(self, store: SliceStore, output_dir: str, interval: int = 200, num_slices: int = 4, crop_size: int = 224,
                  edge: str = "sobel", edge_power: float = 0.75):
@@ -79,8 +83,7 @@ class ClusterPanelHandler:
         if getattr(self, "_last_iteration", None) == it:  # COMPLETED right after an interval: already drawn
             return
         self._last_iteration = it
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        panel, usage = self.render(getattr(model, "_orig_mod", model))  # eager: no recompilation for the panel
+        panel, usage = self.render(unwrap(engine.network))  # eager: no recompilation for the panel
         save_png(panel, self.output_dir / f"clusters_iter{it:06d}.png")
         save_png(panel, self.output_dir / "clusters_latest.png")
         for k, v in usage.items():
@@ -105,8 +108,7 @@ class SaveClusterNetwork:
     def __call__(self, engine: Engine) -> None:
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
-        model = engine.network.module if hasattr(engine.network, "module") else engine.network
-        model = getattr(model, "_orig_mod", model)
+        model = unwrap(engine.network)
         atomic_save({k: v.detach().cpu() for k, v in model.cluster_net.state_dict().items()}, self.path)
         logger.info(f"pre-trained cluster network (U-Net + cluster head) written to {self.path}")
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
-from ..engine import bf16_autocast
+from ..engine import bf16_autocast, unwrap
 from ..flags import as_flag, require_choice
 from ..gpu_augment import EquivariantPairTransform, check_factor_range, pretrain_views
 
@@ -41,6 +41,9 @@ class BIMPretrainTrainer(SupervisedTrainer):
 
     ``loss_weights`` selects the paper's Table 1 row (see ``configs/variants``). When only encoder losses are
     active the decoder is not run (the paper pre-trains only the encoder for Contrast (Enc)).
+
+    ``_iteration`` is overridden, as MONAI's one forward + ``loss_function(pred, label)`` cannot express the pair
+    transform applied between the forward and the losses, nor several weighted losses of which some skip the decoder.
     """
 
     def __init__(
@@ -95,8 +98,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
 
     @property
     def model(self):
-        net = self.network
-        return net.module if hasattr(net, "module") else net
+        return unwrap(self.network)
 
     def _autocast(self):
         """bf16 autocast on CUDA only: CPUs without bf16 units run bf16 convolutions ~50x slower than fp32."""

@@ -10,12 +10,12 @@ import gzip
 import io
 import json
 import math
-import os
 import re
 import shlex
 import sys
-import tempfile
 from pathlib import Path
+
+from bim.files import atomic_file
 
 from .grid import _variant
 from .runner import portable_command
@@ -41,11 +41,8 @@ def write_csv(rows: list[dict], keys: list[str], path: Path) -> Path:
     writer.writeheader()
     writer.writerows({k: short_float(v) for k, v in row.items()} for row in rows)
     data = text.getvalue().encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(gzip.compress(data, compresslevel=9, mtime=0) if path.suffix == ".gz" else data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        Path(tmp).write_bytes(gzip.compress(data, compresslevel=9, mtime=0) if path.suffix == ".gz" else data)
     return path
 
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from bim.files import atomic_file
 
 from .sections import _ablation_of, _pretrain_label, paper_ablation, sorted_pretrains
 from .tables import table
@@ -16,16 +16,9 @@ def _save(fig, path: Path) -> Path:
     """``fig`` as a 64-colour PNG (small enough to commit), written atomically."""
     from PIL import Image
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=90, bbox_inches="tight")
-        Image.open(tmp).convert("RGB").quantize(64).save(tmp, optimize=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
+        Image.open(tmp).convert("RGB").quantize(64).save(tmp, format="PNG", optimize=True)
     return path
 
 

@@ -12,11 +12,12 @@ import os
 import shlex
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
+
+from bim.files import atomic_file
 
 from .grid import Run
 from .vocabulary import ROOT, TRAIN_CONFIG_OF_KIND, ExperimentError
@@ -62,17 +63,8 @@ def _gpu_name() -> str:
 
 def atomic_write_json(obj, path: Path) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp:
+        Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def run_dir(work_dir, run: Run) -> Path:

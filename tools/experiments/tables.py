@@ -8,11 +8,11 @@ import csv
 import gzip
 import json
 import math
-import os
 import statistics
-import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+from bim.files import atomic_file
 
 from .vocabulary import METHOD_ORDER, PAPER_TABLE1, TASK_COLUMNS, ExperimentError
 
@@ -319,11 +319,8 @@ def paired_table(rows: list[dict], pair_with: dict | None = None, reference: str
 
 def write_text(path: Path, text: str) -> Path:
     """``text`` to ``path`` through a temporary file in its folder and a rename: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        Path(tmp).write_text(text)
     return path
 
 

@@ -1,0 +1,109 @@
+"""The training utilities of bim.engine that the library now provides: the LR schedule (MONAI's
+WarmupCosineSchedule), the wrapper unwrapping, the fine-tuning trainer's MONAI iteration settings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bim.engine import unwrap, warmup_cosine_scheduler
+
+PEAK = 3e-4
+
+
+def paper_schedule(t: int, total: int, warmup: int, ratio: float) -> float:
+    """The paper's LR at iteration t (0-based), written from the equation: linear warm-up from ratio x peak over
+    ``warmup`` iterations, then a cosine to 0 at ``total``."""
+    if t < warmup:
+        return PEAK * (ratio + (1 - ratio) * t / warmup)
+    return PEAK * 0.5 * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+
+
+def lrs(scheduler, optimizer, steps: int) -> list[float]:
+    """The LR each of ``steps`` iterations runs with, stepping as the bundles' LrScheduleHandler (per iteration)."""
+    out = []
+    for _ in range(steps):
+        out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def _optimizer():
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
+
+
+@pytest.mark.parametrize("epochs, iters, warmup_epochs, ratio", [(10, 30, 2, 1 / 400), (5, 7, 1, 1 / 200),
+                                                                  (3, 4, 0, 0.5), (2, 5, 2, 0.0025)])
+def test_the_lr_of_every_iteration_is_the_papers_warm_up_and_cosine(epochs, iters, warmup_epochs, ratio):
+    """The tolerance is rounding: the warm-up's ``r + (1 - r) t / T_w`` grouped otherwise, and near the cosine's end
+    ``1 + cos`` of an argument an ulp off; an iteration off by one moves the LR by >= 1e-3 relative."""
+    total, warmup = epochs * iters, min(warmup_epochs * iters, epochs * iters)
+    optimizer = _optimizer()
+    got = lrs(warmup_cosine_scheduler(optimizer, epochs, iters, warmup_epochs, ratio), optimizer, total)
+    expected = [paper_schedule(t, total, warmup, ratio) for t in range(total)]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12 * PEAK)
+    assert got[0] == pytest.approx(PEAK * (ratio if warmup else 1.0), rel=1e-15)
+    if warmup < total:  # 0 after the last iteration (a run that is all warm-up ends at the peak)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-15 * PEAK)
+
+
+def test_a_resumed_schedule_continues_with_the_same_lrs():
+    optimizer = _optimizer()
+    scheduler = warmup_cosine_scheduler(optimizer, 4, 10, 1, 0.0025)
+    head = lrs(scheduler, optimizer, 15)
+    state = scheduler.state_dict()
+    tail = lrs(scheduler, optimizer, 25)
+    resumed_optimizer = _optimizer()
+    resumed = warmup_cosine_scheduler(resumed_optimizer, 4, 10, 1, 0.0025)
+    resumed.load_state_dict(state)
+    resumed_optimizer.param_groups[0]["lr"] = state["_last_lr"][0]  # the optimiser's own state, restored alongside
+    assert lrs(resumed, resumed_optimizer, 25) == tail and len(head) == 15
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(epochs=0, iters_per_epoch=10), "needs >= 1 iteration"),
+                                             (dict(start_ratio=0.0), r"warmup_start_ratio must be in \(0, 1\]"),
+                                             (dict(start_ratio=1.5), r"warmup_start_ratio must be in \(0, 1\]")])
+def test_a_schedule_of_no_iterations_or_a_bad_start_ratio_is_named(kwargs, message):
+    args = dict(epochs=2, iters_per_epoch=3, warmup_epochs=1, start_ratio=0.01)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        warmup_cosine_scheduler(_optimizer(), **args)
+
+
+def test_unwrap_takes_the_module_out_of_ddp_compile_and_averaged_model_wrappers():
+    from torch.optim.swa_utils import AveragedModel
+
+    net = torch.nn.Linear(2, 2)
+
+    class FakeDDP(torch.nn.Module):  # DistributedDataParallel's attribute, without a process group
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    compiled = torch.compile(net)
+    assert unwrap(net) is net
+    assert unwrap(FakeDDP(net)) is net and unwrap(compiled) is net
+    assert unwrap(FakeDDP(compiled)) is net and unwrap(torch.compile(FakeDDP(net))) is net
+    assert unwrap(AveragedModel(net)) is not net and isinstance(unwrap(AveragedModel(net)), torch.nn.Linear)
+
+
+@pytest.mark.parametrize("device, bf16, amp", [("cpu", True, False), ("cuda", True, True), ("cuda", False, False),
+                                               ("cuda", "False", False)])
+def test_the_fine_tuning_trainer_autocasts_in_bf16_on_cuda_only_without_loss_scaling(device, bf16, amp):
+    """MONAI's SupervisedTrainer with amp=True and a bf16 amp dtype; its scaler is a disabled one (no scaling, no
+    read-back per step); on the CPU, fp32."""
+    from bim.finetune import AugmentBatch, FineTuneTrainer
+    from bim.segmentation import SegmentationAugment
+
+    net = torch.nn.Conv2d(1, 2, 1)
+    trainer = FineTuneTrainer(device=device, max_epochs=1, train_data_loader=[], epoch_length=1, network=net,
+                              optimizer=torch.optim.SGD(net.parameters(), lr=0.1), loss_function=None,
+                              augment=SegmentationAugment(crop_size=16), bf16=bf16)
+    assert trainer.amp is amp and isinstance(trainer.prepare_batch, AugmentBatch)
+    assert trainer.optim_set_to_none
+    if amp:
+        assert trainer.amp_kwargs == {"dtype": torch.bfloat16}
+        assert trainer.scaler is not None and not trainer.scaler.is_enabled()
