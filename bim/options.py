@@ -64,6 +64,9 @@ OPTIONS: dict[str, Option] = {
     "resume_from": Option("auto: continue output_dir/checkpoint_last.pt when it exists; a checkpoint path; null: start afresh"),
     "allow_unfinished": Option("evaluate a model.pt whose training did not finish (no checkpoint_final.pt)", "bool"),
     "device": Option("torch device (default: cuda when available)"),
+    "data_store": Option("where the training slices live: auto (device when they fit data_memory_budget_gb, else "
+                         "host memory, streamed), device or host"),
+    "data_memory_budget_gb": Option("device memory the slices may take, GB; auto: half the free GPU memory"),
     "compile_mode": Option("torch.compile's mode (null: its default)"),
     "edge": Option("edge map of the boundary loss: sobel or gradient_power"),
     # run length and schedule
