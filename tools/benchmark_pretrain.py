@@ -12,10 +12,26 @@ crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with `
 back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
 ``bim.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
 its algorithms (the bundle's ``cudnn_deterministic`` key; left out, the bundle's default: deterministic).
-Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
+Prints one JSON line: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory and
+``gpu_busy`` (the share of the GPU's time spent inside the timed steps, from CUDA events: :class:`StepTimer`).
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
 sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
 which the GPU ran kernels (below 1: the step waits on the CPU, e.g. Python, launches or host syncs).
+
+Several GPUs, the same batch on each GPU (``scans_per_batch`` x partitions slices; each rank draws from its own
+share of the training scans, ``bim.distributed``)::
+
+    torchrun --standalone --nproc_per_node 2 tools/benchmark_pretrain.py --dataset_dir DIR --compile True
+    python tools/benchmark_pretrain.py --dataset_dir DIR --compile True --scaling 1,2,4
+
+Under ``torchrun`` with N > 1 processes the trainer comes from ``train.json`` + ``multi_gpu_train.json`` (DDP) and
+rank 0 prints the line; ``full_step`` adds ``gpus``, each rank's ms/step and GPU busy share,
+``images_per_s_total`` (N x a step's images over the slowest rank's step time) and ``images_per_s_per_gpu``; the
+bare U-Net is left out unless ``--bare True``. ``--scaling 1,2,4`` runs the same command under ``torchrun`` once per
+count (one process: ``train.json`` alone, the one-GPU baseline; every process gets OMP_NUM_THREADS = CPU cores /
+the largest count unless it is set) and prints one JSON line: per count images/s in total and per GPU, the
+speed-up over the first count and the scaling efficiency (speed-up x first count / count). On a CPU the processes
+use gloo (a smoke test; the figures mean nothing there).
 """
 
 from __future__ import annotations
