@@ -194,7 +194,8 @@ class SliceStore:
         indices; on a streamed store gathered on the host and copied, see :class:`bim.streaming.HostToDevice`)."""
         if self.stream is not None:
             return self.stream({k: getattr(self, name) for k, name in fields.items()}, idx)
-        idx = idx.to(self.image.device)
+        device = self.image.device  # on CUDA from pinned memory: the copy does not wait for the GPU's queue
+        idx = idx.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else idx.to(device)
         return {k: getattr(self, name)[idx] for k, name in fields.items()}
 
     def slice_range(self, start: int, stop: int) -> SliceStore:
@@ -296,6 +297,7 @@ class SliceStore:
             items=items,
             num_partitions=int(num_partitions or (int(torch.cat(parts).max()) + 1)),
         )
+        images.clear(), labels.clear()  # the per-scan copies go before the store is placed (pinned: copied again)
         return store.placed(device, data_store, memory_budget_gb)
 
 
