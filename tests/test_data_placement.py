@@ -120,3 +120,15 @@ def test_placement_follows_the_budget_and_can_be_forced(caplog, monkeypatch):
     for bad in (0, -1, "lots", True):
         with pytest.raises(ValueError, match=r"^data_memory_budget_gb must be 'auto' or a positive number of GB"):
             choose_placement(1, "cuda:0", "device", bad)
+
+
+def test_the_pretraining_bundle_places_its_store_as_data_store_says(demo_dataset, tmp_path):
+    from bundle_helpers import workflow
+
+    stores = {}
+    for choice in ("auto", "host"):
+        wf = workflow("pretrain_bim", "train.json", dataset_dir=str(demo_dataset), output_dir=str(tmp_path),
+                      data_store=choice, data_memory_budget_gb=0.001, progress_bar=False)
+        stores[choice] = wf.parser.get_parsed_content("train#store")
+    assert stores["auto"].stream is None  # a CPU run: the host is the device, no budget applies
+    assert stores["host"].stream is not None and torch.equal(stores["host"].image, stores["auto"].image)
