@@ -31,7 +31,7 @@ AUTO_BUDGET_SHARE = 0.5  # of the device's free memory when the store is built: 
 
 def memory_budget_bytes(device: torch.device | str, budget_gb="auto") -> float:
     """``data_memory_budget_gb`` in bytes: a positive number of GB (10^9 bytes), or ``"auto"``: half of the free
-    memory of a CUDA ``device`` now (on any other device unlimited: the host is the device)."""
+    memory of a CUDA ``device`` now (on any other device unlimited)."""
     device = torch.device(device)
     if budget_gb == "auto":
         if device.type != "cuda":
@@ -55,9 +55,9 @@ def choose_placement(nbytes: int, device: torch.device | str, data_store: str = 
         why = "data_store host"
         placement = data_store
     else:
-        placement = "device" if nbytes <= budget else "host"
-        if budget == float("inf"):
-            why = f"no budget on {device}"
+        placement = "device" if nbytes <= budget or device.type != "cuda" else "host"
+        if device.type != "cuda":
+            why = f"{device}: the host is the device"
         else:
             why = f"budget {budget / 1e9:.2f} GB, " + (f"half the free memory of {device}" if budget_gb == "auto"
                                                        else "data_memory_budget_gb")

@@ -105,7 +105,7 @@ def test_the_device_path_draws_what_it_drew_before_the_host_path_existed():
 
 def test_placement_follows_the_budget_and_can_be_forced(caplog, monkeypatch):
     gb = 1e9
-    assert choose_placement(2 * gb, "cpu") == "device"  # the host is the device: no budget
+    assert choose_placement(2 * gb, "cpu") == choose_placement(2 * gb, "cpu", "auto", 1) == "device"  # host = device
     assert choose_placement(2 * gb, "cpu", "host") == "host"
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gb, 80 * gb))
     assert memory_budget_bytes("cuda:0") == 5 * gb  # auto: half the free memory
