@@ -90,6 +90,7 @@ OPTIONS: dict[str, Option] = {
     "method": Option("semi-supervised method (checked with the variant config that builds it)"),
     "crop_size": _count("training crop side in pixels (the U-Net needs at least 16)", 16),
     "val_interval": _count("validate every N epochs (and after the last)"),
+    "early_stop_patience": _count("stop after this many validations in a row without a better val_mean_dice (model.pt keeps the best); null: train all epochs"),
     "log_every": _count("log the loss every N iterations"),
     "save_every": _count("write checkpoint_last.pt every N iterations"),
     "panel_every": _count("write a cluster panel every N iterations"),

@@ -252,3 +252,18 @@ def test_resume_continues_the_same_run(tmp_path):
         assert torch.equal(a["network"][k], b["network"][k]), k
     assert a["best_saver"]["best_epoch"] == b["best_saver"]["best_epoch"]
     assert json.loads((tmp_path / "resumed" / "best_metric.json").read_text())["task"] == "acdc"
+
+
+@pytest.mark.parametrize("patience, last_epoch", [(1, 2), (None, 4)])
+def test_early_stopping_ends_the_run_after_patience_validations_without_gain(tmp_path, patience, last_epoch):
+    """With a learning rate of 1e-12 and a BatchNorm momentum of 1e-12 neither
+    the weights nor the running statistics move (in float32), so every validation
+    repeats the first one's Dice: patience 1 stops after the second epoch; without patience all 4 epochs run."""
+    overrides = dict(FAST, crop_size=64, batch_size=2, epochs=4, iters_per_epoch=2, warmup_epochs=0,
+                     learning_rate=1e-12, bn_momentum=1e-12, task="lv")
+    if patience is not None:
+        overrides["early_stop_patience"] = patience
+    run_config("train.json", output_dir=tmp_path, **overrides)
+    final = torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)
+    assert final["trainer"]["iteration"] == last_epoch * 2
+    assert json.loads((tmp_path / "best_metric.json").read_text())["epoch"] == 1
