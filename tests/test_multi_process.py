@@ -145,3 +145,23 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_the_same_check(two_ra
     for r in two_ranks:
         assert r["non_finite"].startswith("the training loss is NaN or infinite from iteration 3 on (checked at "
                                           "iteration 5)")
+
+
+def test_finetune_multi_gpu_config_trains_under_torchrun_on_cpu(demo_dataset, tmp_path):
+    """finetune_seg's multi_gpu_train.json end to end (2 processes, gloo): each rank trains on half of the labelled
+    slices, validates one of the two validation scans, and rank 0 writes the best model."""
+    import subprocess
+
+    from bundle_helpers import ROOT, bundle_run_command
+
+    cmd = bundle_run_command("finetune_seg", ["train.json", "multi_gpu_train.json"], dataset_dir=demo_dataset,
+                             output_dir=tmp_path, epochs=2, iters_per_epoch=2, batch_size=2, crop_size=64,
+                             features="[8,16,32,64,128,8]", progress_bar=False)
+    cmd = [cmd[0], "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: validation scans {rank}-{rank} of 2" in log
+        assert f"rank {rank} of 2: labelled slices" in log
+    assert (tmp_path / "model.pt").is_file() and (tmp_path / "best_metric.json").is_file()
