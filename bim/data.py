@@ -297,7 +297,7 @@ class SliceStore:
             items=items,
             num_partitions=int(num_partitions or (int(torch.cat(parts).max()) + 1)),
         )
-        images.clear(), labels.clear()  # the per-scan copies go before the store is placed (pinned: copied again)
+        del images, labels  # the per-scan copies go before the store is placed (pinned: copied again)
         return store.placed(device, data_store, memory_budget_gb)
 
 

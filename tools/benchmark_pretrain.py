@@ -90,11 +90,10 @@ def build_trainer(overrides: dict, store=None):
     from monai.bundle import ConfigWorkflow
 
     configs = pretrain_configs()
+    replaced = {} if store is None else {"train#store": store}
     wf = ConfigWorkflow(config_file=configs if len(configs) > 1 else configs[0], workflow_type="train",
-                        bundle_root=str(ROOT / "bundles" / "pretrain_bim"), **overrides)
+                        bundle_root=str(ROOT / "bundles" / "pretrain_bim"), **overrides, **replaced)
     wf.initialize()
-    if store is not None:
-        wf.parser["train#store"] = store
     return wf, wf.parser.get_parsed_content("train#trainer")
 
 
