@@ -4,6 +4,11 @@ batch (``data_store host``), on a generated corpus at least 20 times the size of
     python tools/benchmark_streaming.py [--dataset_dir DIR] [--acdc_multiple 20] [--size 384] [--iterations 200]
         [--warmup 30] [--compile True] [--scans_per_batch 6] [--crop_size 224] [--device_store True] [--out PATH]
 
+On a GPU (the corpus takes about 22 GB of host memory, and as much again on the GPU for the in-memory run)::
+
+    python tools/benchmark_streaming.py --dataset_dir /data/acdc_prepared --compile True   # ACDC x 20
+    python tools/benchmark_streaming.py --compile True                                    # demo phantoms, 384 x 384
+
 The corpus: the training scans of ``--dataset_dir`` (default: the demo set) resampled in-plane to ``--size`` and
 repeated, each copy with its own gamma (and every other copy mirrored), each copy's scans new scans, until it holds
 ``--acdc_multiple`` times the pixels of ACDC's prepared training set (about 1,900 slices of 384 x 384; 20 times:
