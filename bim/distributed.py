@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset, Subset
 
+from .flags import require_choice
+
 logger = logging.getLogger("bim")
 
 
@@ -46,15 +48,22 @@ def _check_enough(n: int, world: int, what: str, unit: str) -> None:
                          f"run on at most {n} GPUs, or add {unit}")
 
 
-def scan_share(items: Sequence | Dataset, what: str = "scans", rank: int | None = None, world: int | None = None):
+def scan_share(items: Sequence | Dataset, what: str = "scans", rank: int | None = None, world: int | None = None,
+               fewer: str = "error"):
     """This rank's contiguous block of ``items`` (a list of datalist items: a list; a dataset: a
-    :class:`torch.utils.data.Subset` of it). ``what`` names the list in the error raised when it holds fewer entries
-    than there are processes. ``rank`` / ``world``: ``torch.distributed``'s when None."""
+    :class:`torch.utils.data.Subset` of it). When ``items`` holds fewer entries than there are processes, ``fewer``
+    ``"error"`` raises an error naming the list (``what``); ``"all"`` gives every rank all of them, with a warning
+    (a validation list: the gathered metric then counts each scan once per rank, the same mean up to rounding).
+    ``rank`` / ``world``: ``torch.distributed``'s when None."""
+    require_choice("fewer", fewer, ("error", "all"))
     if rank is None or world is None:
         rank, world = rank_and_world()
     if world == 1:
         return items
     n = len(items)
+    if n < world and fewer == "all":
+        logger.warning(f"{what}: {n} scans for {world} processes: every rank takes all of them")
+        return items
     _check_enough(n, world, what, "scans")
     start, stop = share_bounds(n, rank, world)
     logger.info(f"rank {rank} of {world}: {what} scans {start}-{stop - 1} of {n}")

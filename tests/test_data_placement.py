@@ -47,8 +47,9 @@ def test_scan_share_splits_lists_and_datasets_and_refuses_more_ranks_than_scans(
     assert scan_share(items) is items  # one process: everything, untouched
     subset = scan_share(torch.utils.data.TensorDataset(torch.arange(5)), rank=1, world=2)
     assert [int(subset[i][0]) for i in range(len(subset))] == [3, 4]
-    with pytest.raises(ValueError, match=r"^validation: 2 scans cannot be shared by 3 processes"):
-        scan_share(items[:2], "validation", rank=0, world=3)
+    with pytest.raises(ValueError, match=r"^training: 2 scans cannot be shared by 3 processes"):
+        scan_share(items[:2], "training", rank=0, world=3)
+    assert scan_share(items[:2], "validation", rank=2, world=3, fewer="all") == items[:2]  # each rank validates all
 
 
 def test_slice_share_keeps_a_balanced_block_of_slices_and_its_scans():
