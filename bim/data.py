@@ -3,14 +3,15 @@
 Pre-processed scans are 3D NIfTI volumes (H, W, D) with the slices on the last axis. They are read once with
 MONAI's ``LoadImaged`` (checked: :class:`LoadScand`) through a :class:`monai.data.Dataset` and stacked into a :class:`SliceStore` of 2D
 slices kept on the training device; samplers then build each batch by indexing that store, so no CPU data
-loader runs in the training loop.
+loader runs in the training loop. A store larger than the device's memory budget stays in pinned host memory and
+each batch is copied to the device as the step asks for it (:mod:`bim.streaming`): the same batches either way.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import torch
 from monai.config import KeysCollection
 from monai.data import CacheDataset, Dataset
 from monai.transforms import Compose, EnsureTyped, LoadImaged
+
+from .streaming import HostToDevice, choose_placement, pinned
 
 logger = logging.getLogger("bim")
 
@@ -168,7 +171,8 @@ def scan_dataset(items: Sequence[dict], with_label: bool) -> Dataset:
 @dataclass
 class SliceStore:
     """All 2D slices of a list of scans, stacked: ``image`` [S, 1, H, W] float32, ``label`` [S, 1, H, W] uint8
-    (or None), and per slice ``scan_index``, ``slice_index`` and ``partition`` (its meta-label)."""
+    (or None), and per slice ``scan_index``, ``slice_index`` and ``partition`` (its meta-label). With ``stream``
+    (:meth:`placed` on ``"host"``) the tensors stay in host memory and :meth:`take` copies each batch to the device."""
 
     image: torch.Tensor
     label: torch.Tensor | None
@@ -178,6 +182,33 @@ class SliceStore:
     scans: list[str]
     items: list[dict] = field(default_factory=list)
     num_partitions: int = 1
+    stream: HostToDevice | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.image, self.label, self.scan_index, self.slice_index, self.partition)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def take(self, idx: torch.Tensor, fields: dict[str, str]) -> dict[str, torch.Tensor]:
+        """``{key: getattr(self, name)[idx]}`` for ``fields`` ``{key: name}``, on the training device (``idx``: CPU
+        indices; on a streamed store gathered on the host and copied, see :class:`bim.streaming.HostToDevice`)."""
+        if self.stream is not None:
+            return self.stream({k: getattr(self, name) for k, name in fields.items()}, idx)
+        device = self.image.device  # on CUDA from pinned memory: the copy does not wait for the GPU's queue
+        idx = idx.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else idx.to(device)
+        return {k: getattr(self, name)[idx] for k, name in fields.items()}
+
+    def slice_range(self, start: int, stop: int) -> SliceStore:
+        """The slices ``start:stop`` as a store of the scans they come from (scan indices renumbered from 0)."""
+        scan = self.scan_index[start:stop]
+        kept = torch.unique(scan.cpu())  # sorted
+        renumber = torch.full((len(self.scans),), -1, dtype=torch.long)
+        renumber[kept] = torch.arange(len(kept))
+        part = lambda t: None if t is None else t[start:stop]  # noqa: E731
+        return replace(self, image=part(self.image), label=part(self.label), scan_index=renumber.to(scan.device)[scan],
+                       slice_index=part(self.slice_index), partition=part(self.partition),
+                       scans=[self.scans[i] for i in kept.tolist()],
+                       items=[self.items[i] for i in kept.tolist()] if self.items else [])
 
     @property
     def num_slices(self) -> int:
@@ -194,22 +225,31 @@ class SliceStore:
     def padded(self, size: tuple[int, int]) -> SliceStore:
         """This store with its slices zero-padded symmetrically to ``size`` (labels with background)."""
         lab = None if self.label is None else pad_slices(self.label, size)
-        return SliceStore(pad_slices(self.image, size), lab, self.scan_index, self.slice_index, self.partition,
-                          self.scans, self.items, self.num_partitions)
+        return replace(self, image=pad_slices(self.image, size), label=lab)
+
+    def _moved(self, move, stream: HostToDevice | None) -> SliceStore:
+        return replace(self, image=move(self.image), label=move(self.label), scan_index=move(self.scan_index),
+                       slice_index=move(self.slice_index), partition=move(self.partition), stream=stream)
 
     def to(self, device: torch.device | str) -> SliceStore:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return SliceStore(
-            move(self.image), move(self.label), move(self.scan_index), move(self.slice_index),
-            move(self.partition), self.scans, self.items, self.num_partitions,
-        )
+        """This store on ``device`` (not streamed)."""
+        return self._moved(lambda t: None if t is None else t.to(device, non_blocking=True), None)
+
+    def placed(self, device: torch.device | str, data_store: str = "device", memory_budget_gb="auto") -> SliceStore:
+        """This store on ``device``, or (``data_store`` ``"host"``, or ``"auto"`` and more bytes than
+        ``memory_budget_gb``: :func:`bim.streaming.choose_placement`) in pinned host memory, streamed to ``device``
+        batch by batch."""
+        if choose_placement(self.nbytes, device, data_store, memory_budget_gb) == "device":
+            return self.to(device)
+        return self._moved(pinned, HostToDevice(device))
 
     @classmethod
     def from_dataset(cls, dataset: Dataset, num_partitions: int | None = None, device="cpu",
-                     pad_to_common: bool = False) -> SliceStore:
+                     pad_to_common: bool = False, data_store: str = "device", memory_budget_gb="auto") -> SliceStore:
         """Read every scan of ``dataset`` (items as written by data_prep) and stack its slices. Scans of different
         in-plane sizes are an error, or with ``pad_to_common`` (raw scans resampled to 1 mm differ in size) are
-        zero-padded symmetrically (labels with background) to the largest height and width."""
+        zero-padded symmetrically (labels with background) to the largest height and width. ``data_store`` and
+        ``memory_budget_gb``: where the store lives (:meth:`placed`)."""
         images, labels, scan_idx, slice_idx, parts, scans = [], [], [], [], [], []
         items = list(dataset.data)
         if not items:
@@ -257,7 +297,8 @@ class SliceStore:
             items=items,
             num_partitions=int(num_partitions or (int(torch.cat(parts).max()) + 1)),
         )
-        return store.to(device)
+        del images, labels  # the per-scan copies go before the store is placed (pinned: copied again)
+        return store.placed(device, data_store, memory_budget_gb)
 
 
 def pad_slices(slices: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -315,12 +356,7 @@ class PartitionBatchSampler:
 
     def __iter__(self) -> Iterator[dict]:
         while True:
-            idx = self.sample_indices().to(self.store.image.device)
-            yield {
-                "image": self.store.image[idx],
-                "partition": self.store.partition[idx],
-                "scan": self.store.scan_index[idx],
-            }
+            yield self.store.take(self.sample_indices(), {"image": "image", "partition": "partition", "scan": "scan_index"})
 
 
 class RandomSliceSampler:
@@ -334,13 +370,10 @@ class RandomSliceSampler:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     def __iter__(self) -> Iterator[dict]:
+        fields = {"image": "image", "scan": "scan_index", **({"label": "label"} if self.store.label is not None else {})}
         while True:
-            idx = torch.randint(0, self.store.num_slices, (self.batch_size,), generator=self.generator)
-            idx = idx.to(self.store.image.device)
-            batch = {"image": self.store.image[idx], "scan": self.store.scan_index[idx]}
-            if self.store.label is not None:
-                batch["label"] = self.store.label[idx]
-            yield batch
+            yield self.store.take(torch.randint(0, self.store.num_slices, (self.batch_size,), generator=self.generator),
+                                  fields)
 
 
 def to_numpy_volume(slices: torch.Tensor) -> np.ndarray:

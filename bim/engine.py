@@ -167,12 +167,24 @@ class NonFiniteLossError(FloatingPointError):
     """Training stopped on a NaN or infinite loss (see :class:`StopOnNonFiniteLoss`)."""
 
 
+def first_on_any_rank(first: int, device=None) -> int:
+    """The smallest non-negative ``first`` of all ranks (-1 when every rank has -1), so that all ranks of a
+    multi-GPU run stop at the same check (one that stopped alone would leave the others waiting in DDP)."""
+    never = torch.iinfo(torch.long).max
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(first if first >= 0 else never, dtype=torch.long, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return int(t) if int(t) != never else -1
+
+
 class StopOnNonFiniteLoss:
     """Stops training with a :class:`NonFiniteLossError` when the loss (``engine.state.output["loss"]``) is NaN or
     infinite, naming the first such iteration and what to check. The test stays on the device (no synchronisation
     per step): the first bad iteration is recorded there and read every ``gcd(every, save_every)`` iterations and
     at the end. Attached before :class:`CheckpointEveryN` (of interval ``save_every``), it stops the run before a
-    checkpoint of a run gone non-finite is written."""
+    checkpoint of a run gone non-finite is written. In a multi-GPU run every rank stops at the same check, naming
+    the first bad iteration of any rank."""
 
     def __init__(self, every: int = 20, save_every: int | None = None) -> None:
         if int(every) < 1:
@@ -195,6 +207,8 @@ class StopOnNonFiniteLoss:
 
     def check(self, engine: Engine) -> None:
         first = -1 if self.first is None else int(self.first)
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            first = first_on_any_rank(first, self.first.device if self.first is not None else None)
         if first >= 0:
             raise NonFiniteLossError(
                 f"the training loss is NaN or infinite from iteration {first} on (checked at iteration "

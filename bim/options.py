@@ -28,14 +28,16 @@ from .flags import require_flags
 @dataclass(frozen=True)
 class Option:
     """``kind``: ``"bool"``, ``"int"``, ``"number"`` or ``""`` (any value); ``low`` / ``high`` bounds (``low_open``:
-    strictly above ``low``). Values with their own check where they are used (``task``: :func:`bim.tasks.get_task`,
-    ``method``: the semi-supervised step) have no kind here."""
+    strictly above ``low``); ``choices``: the words it takes (besides a number of ``kind``, when it has one). Values
+    with their own check where they are used (``task``: :func:`bim.tasks.get_task`, ``method``: the semi-supervised
+    step) have no kind here."""
 
     meaning: str
     kind: str = ""
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    choices: tuple[str, ...] = ()
 
 
 def _positive(meaning: str) -> Option:
@@ -64,6 +66,10 @@ OPTIONS: dict[str, Option] = {
     "resume_from": Option("auto: continue output_dir/checkpoint_last.pt when it exists; a checkpoint path; null: start afresh"),
     "allow_unfinished": Option("evaluate a model.pt whose training did not finish (no checkpoint_final.pt)", "bool"),
     "device": Option("torch device (default: cuda when available)"),
+    "data_store": Option("where the training slices live: auto (device when they fit data_memory_budget_gb, else "
+                         "host memory, streamed), device or host", choices=("auto", "device", "host")),
+    "data_memory_budget_gb": Option("device memory the slices may take, GB; auto: half the free GPU memory", "number",
+                                    0, low_open=True, choices=("auto",)),
     "compile_mode": Option("torch.compile's mode (null: its default)"),
     "edge": Option("edge map of the boundary loss: sobel or gradient_power"),
     # run length and schedule
@@ -185,10 +191,17 @@ def check_value(key: str, value, default=None) -> str | None:
             return str(e)
         return None
     shown = f" (default {default!r})" if default is not None else ""
+    choices = option.choices if option is not None else ()
+    if value in choices:
+        return None
+    if choices and not kind:
+        return f"{key} must be one of {', '.join(repr(c) for c in choices)}{shown}, got {value!r}"
+    words = " or ".join(repr(c) for c in choices)
     if kind in ("int", "number"):
         ok = isinstance(value, int) if kind == "int" else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok or value != value or value in (float("inf"), float("-inf")):
-            return f"{key} must be {'an integer' if kind == 'int' else 'a number'}{shown}, got {value!r}"
+            what = "an integer" if kind == "int" else "a number"
+            return f"{key} must be {words + ' or ' if words else ''}{what}{shown}, got {value!r}"
         if option is not None and option.low is not None:
             if value < option.low or option.low_open and value == option.low:
                 return f"{key} must be {'>' if option.low_open else '>='} {option.low}{shown}, got {value!r}"

@@ -147,6 +147,10 @@ def test_multi_gpu_config_runs_under_torchrun_on_cpu(demo_dataset, tmp_path):
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert (tmp_path / str(len(variant)) / "model.pt").is_file()
+        # each rank read its own half of the 34 training scans; both validation scans scored, one on each rank
+        log = proc.stdout + proc.stderr
+        assert "rank 0 of 2: training scans 0-16 of 34" in log and "rank 1 of 2: training scans 17-33 of 34" in log
+        assert json.loads((tmp_path / str(len(variant)) / "cluster_quality.json").read_text())["scans"] == 2
 
 
 def test_benchmark_profiles_the_step_and_writes_the_operator_table(demo_dataset, tmp_path):

@@ -52,6 +52,10 @@ def test_every_config_checks_its_options_first():
     ("finetune_seg", {"iters_per_epoch": 0}, "iters_per_epoch must be >= 1 (default 200), got 0"),
     ("finetune_seg", {"epochs": -1}, "epochs must be >= 1 (default 50), got -1"),
     ("pretrain_bim", {"crop_size": 8}, "crop_size must be >= 16 (default 224), got 8"),
+    ("pretrain_bim", {"data_store": "gpu"}, "data_store must be one of 'auto', 'device', 'host' (default 'auto'), got 'gpu'"),
+    ("pretrain_bim", {"data_memory_budget_gb": "lots"}, "data_memory_budget_gb must be 'auto' or a number (default "
+                                                        "'auto'), got 'lots'"),
+    ("pretrain_bim", {"data_memory_budget_gb": 0}, "data_memory_budget_gb must be > 0 (default 'auto'), got 0"),
     ("finetune_seg", {"learning_rate": -0.1}, "learning_rate must be > 0 (default 2e-05), got -0.1"),
     ("finetune_seg", {"epoch": 1}, "--epoch is not an option of this bundle (did you mean --epochs? --help True lists them)"),
     ("meanteacher_seg", {"consistency_weigth": 2}, "--consistency_weigth is not an option of this bundle (did you mean "

@@ -12,16 +12,35 @@ crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with `
 back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
 ``bim.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
 its algorithms (the bundle's ``cudnn_deterministic`` key; left out, the bundle's default: deterministic).
-Prints one JSON object: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory.
+Prints one JSON line: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory and
+``gpu_busy`` (the share of the GPU's time spent inside the timed steps, from CUDA events: :class:`StepTimer`).
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
 sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
 which the GPU ran kernels (below 1: the step waits on the CPU, e.g. Python, launches or host syncs).
+
+Several GPUs, the same batch on each GPU (``scans_per_batch`` x partitions slices; each rank draws from its own
+share of the training scans, ``bim.distributed``)::
+
+    torchrun --standalone --nproc_per_node 2 tools/benchmark_pretrain.py --dataset_dir DIR --compile True
+    python tools/benchmark_pretrain.py --dataset_dir DIR --compile True --scaling 1,2,4
+
+Under ``torchrun`` with N > 1 processes the trainer comes from ``train.json`` + ``multi_gpu_train.json`` (DDP) and
+rank 0 prints the line; ``full_step`` adds ``gpus``, each rank's ms/step and GPU busy share,
+``images_per_s_total`` (N x a step's images over the slowest rank's step time) and ``images_per_s_per_gpu``; the
+bare U-Net is left out unless ``--bare True``. ``--scaling 1,2,4`` runs the same command under ``torchrun`` once per
+count (one process: ``train.json`` alone, the one-GPU baseline; every process gets OMP_NUM_THREADS = CPU cores /
+the largest count unless it is set) and prints one JSON line: per count images/s in total and per GPU, the
+speed-up over the first count and the scaling efficiency (speed-up x first count / count). On a CPU the processes
+use gloo (a smoke test; the figures mean nothing there).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,46 +77,96 @@ def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> d
             "gpu_busy_share": round(busy / wall_s, 3) if busy is not None and wall_s > 0 else None}
 
 
-def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
-                  profile_steps: int = 0, decoder_pad: str = "if_needed") -> dict:
-    from ignite.engine import Events
+def pretrain_configs() -> list[str]:
+    """``train.json``, plus ``multi_gpu_train.json`` when ``torchrun`` started more than one process."""
+    configs = [str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        configs.append(str(ROOT / "bundles" / "pretrain_bim" / "configs" / "multi_gpu_train.json"))
+    return configs
+
+
+def build_trainer(overrides: dict, store=None):
+    """The pretrain_bim workflow (initialised) and its trainer; ``store``: a slice store that replaces the one the
+    bundle would read from ``dataset_dir``."""
     from monai.bundle import ConfigWorkflow
 
+    configs = pretrain_configs()
+    replaced = {} if store is None else {"train#store": store}
+    wf = ConfigWorkflow(config_file=configs if len(configs) > 1 else configs[0], workflow_type="train",
+                        bundle_root=str(ROOT / "bundles" / "pretrain_bim"), **overrides, **replaced)
+    wf.initialize()
+    return wf, wf.parser.get_parsed_content("train#trainer")
+
+
+class StepTimer:
+    """Wall time of iterations ``warmup + 1`` ... ``warmup + iterations`` (the device synchronised at both ends), and
+    on CUDA how busy the GPU was: each step's span on the current stream (events recorded when the step starts,
+    after its batch is in, and when it ends) summed, over the span from the first timed step's start to the last
+    one's end. Time the GPU waits between steps (for the CPU, or for a batch copy) is what brings it below 1; gaps
+    inside a step are not seen. ``prof``: a ``torch.profiler.profile`` run over the ``profile_steps`` after them."""
+
+    def __init__(self, device, warmup: int, iterations: int, prof=None, profile_steps: int = 0):
+        self.device, self.warmup, self.iterations = device, int(warmup), int(iterations)
+        self.prof, self.profile_steps, self.marks, self.spans = prof, int(profile_steps), {}, []
+
+    def attach(self, engine) -> None:
+        from ignite.engine import Events
+
+        engine.add_event_handler(Events.ITERATION_STARTED, self.started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.completed)
+
+    def _timed(self, it: int) -> bool:
+        return self.device.type == "cuda" and self.warmup < it <= self.warmup + self.iterations
+
+    def started(self, engine) -> None:
+        if self._timed(engine.state.iteration):
+            self.spans.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            self.spans[-1][0].record()
+
+    def completed(self, engine) -> None:
+        it, end = engine.state.iteration, self.warmup + self.iterations
+        if self._timed(it):
+            self.spans[-1][1].record()
+        if it in (self.warmup, end):
+            _sync(self.device)
+            self.marks["start" if it == self.warmup else "stop"] = time.perf_counter()
+            if it == self.warmup and self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            if it == end and self.prof is not None:
+                self.prof.start()
+        if self.prof is not None and it == end + self.profile_steps:
+            _sync(self.device)
+            self.prof.stop()
+            self.marks["profiled"] = time.perf_counter() - self.marks["stop"]
+
+    def seconds_per_step(self) -> float:
+        return (self.marks["stop"] - self.marks["start"]) / self.iterations
+
+    def gpu_busy(self) -> float | None:
+        if not self.spans:
+            return None
+        busy = sum(a.elapsed_time(b) for a, b in self.spans)
+        return round(busy / self.spans[0][0].elapsed_time(self.spans[-1][1]), 4)
+
+
+def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
+                  profile_steps: int = 0, decoder_pad: str = "if_needed", store=None) -> dict:
+    from bim.distributed import rank_and_world
     from bim.network import set_decoder_padding
 
-    cfg = str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")
-    wf = ConfigWorkflow(config_file=cfg, workflow_type="train", bundle_root=str(Path(cfg).parents[1]), **overrides)
-    wf.initialize()
-    trainer = wf.parser.get_parsed_content("train#trainer")
+    wf, trainer = build_trainer(overrides, store)
     set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
     device = torch.device(trainer.state.device)
-    marks = {}
-
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profile = profile if rank_and_world()[0] == 0 else None  # every rank runs the profiled steps, rank 0 records them
     prof = torch.profiler.profile(activities=activities) if profile else None
-
-    def mark(engine):
-        if engine.state.iteration == warmup:
-            _sync(device)
-            marks["start"] = time.perf_counter()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-        if engine.state.iteration == warmup + iterations:
-            _sync(device)
-            marks["stop"] = time.perf_counter()
-            if prof is not None:
-                prof.start()
-        if prof is not None and engine.state.iteration == warmup + iterations + profile_steps:
-            _sync(device)
-            prof.stop()
-            marks["profiled"] = time.perf_counter() - marks["stop"]
-
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, mark)
+    timer = StepTimer(device, warmup, iterations, prof, profile_steps)
+    timer.attach(trainer)
     trainer.run()
-    seconds = (marks["stop"] - marks["start"]) / iterations
+    seconds = timer.seconds_per_step()
     batch = int(wf.parser.get_parsed_content("batch_size"))
-    profiled = {"profile": profile_summary(prof, marks["profiled"], device, profile)} if prof is not None else {}
-    return {**profiled,
+    profiled = {"profile": profile_summary(prof, timer.marks["profiled"], device, profile)} if prof is not None else {}
+    step = {**profiled,
         "channels_last": bool(wf.parser.get_parsed_content("channels_last")),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "source_slices_per_step": batch,
@@ -105,9 +174,27 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
         "ms_per_step": 1000 * seconds,
         "images_per_s": 2 * batch / seconds,
         "source_slices_per_s": batch / seconds,
+        "gpu_busy": timer.gpu_busy(),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "final_loss": float(trainer.state.output["loss"]),
     }
+    step = combine_ranks(step)
+    wf.finalize()  # multi_gpu_train.json: barrier, then the process group ends
+    return step
+
+
+def combine_ranks(step: dict) -> dict:
+    """``step`` with the throughput of all ranks: ``gpus``, each rank's ms per step, ``images_per_s_total`` (every
+    rank's images of a step over the slowest rank's step time; ranks wait for each other in DDP's all-reduce)
+    and ``images_per_s_per_gpu``. One process: its own figures."""
+    from bim.distributed import all_gather_objects
+
+    ranks = all_gather_objects({k: step[k] for k in ("ms_per_step", "gpu_busy", "peak_memory_gib")})
+    slowest = max(r["ms_per_step"] for r in ranks)
+    total = len(ranks) * step["network_images_per_step"] / (slowest / 1000)
+    return {**step, "gpus": len(ranks), "ms_per_step_ranks": [r["ms_per_step"] for r in ranks],
+            "gpu_busy_ranks": [r["gpu_busy"] for r in ranks], "images_per_s_total": total,
+            "images_per_s_per_gpu": total / len(ranks)}
 
 
 def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False,
@@ -137,12 +224,40 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
 
 
+def bench_overrides(dataset_dir, output_dir: str, steps: int, scans_per_batch: int, crop_size: int, compile: bool,
+                    compile_mode, num_subheads: int, channels_last=None, cudnn_deterministic=None) -> dict:
+    """The bundle settings of a timed run: one epoch of ``steps`` iterations, nothing logged, drawn or scored on the
+    way; ``channels_last`` / ``cudnn_deterministic`` None: the bundle's defaults."""
+    overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=steps,
+                     scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
+                     save_every=10**9, resume_from=None, progress_bar=False, compile=compile, cluster_quality=False,
+                     num_subheads=num_subheads, compile_mode=compile_mode)
+    if channels_last is not None:
+        overrides["channels_last"] = bool(channels_last)
+    if cudnn_deterministic is not None:
+        overrides["cudnn_deterministic"] = bool(cudnn_deterministic)
+    return overrides
+
+
+def report(result: dict, out: str | None) -> None:
+    """Print ``result`` as one JSON line; with ``out`` also write it there (temporary file, then rename)."""
+    print(json.dumps(result))
+    if out:
+        with atomic_file(out) as tmp:
+            Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10, compile: bool = False,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
-         bare: bool = True, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None) -> None:
+         bare: bool | None = None, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None,
+         scaling=None) -> None:
     from bim.flags import require_flags
 
+    if scaling is not None:
+        return scaling_run(scaling, out)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    bare = world == 1 if bare is None else bare
     # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
     require_flags({"compile": compile, "compile_bare": compile_bare, "bare": bare,
                    **{k: v for k, v in (("channels_last", channels_last), ("cudnn_deterministic", cudnn_deterministic))
@@ -153,15 +268,11 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
         raise ValueError(f"decoder_pad: expected 'if_needed' or 'always', got {decoder_pad!r}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra = int(profile_steps) if profile else 0
-    overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=warmup + iterations + extra,
-                     scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
-                     save_every=10**9, resume_from=None, progress_bar=False, compile=compile,
-                     num_subheads=num_subheads, compile_mode=compile_mode)
-    if channels_last is not None:  # left out: the bundle's default
-        overrides["channels_last"] = bool(channels_last)
-    if cudnn_deterministic is not None:
-        overrides["cudnn_deterministic"] = bool(cudnn_deterministic)
+    overrides = bench_overrides(dataset_dir, output_dir, warmup + iterations + extra, scans_per_batch, crop_size, compile,
+                                compile_mode, num_subheads, channels_last, cudnn_deterministic)
     full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     channels_last = full_step["channels_last"]
     result = {
         "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last,
@@ -170,7 +281,7 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
+        "command": ("torchrun ... " if world > 1 else "python ") + "tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
         "full_step": full_step,
     }
     batch = result["full_step"]["network_images_per_step"]
@@ -182,11 +293,58 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
         if compile_bare:
             result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last,
                                                                 decoder_pad)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if out:
-        with atomic_file(out) as tmp:
-            Path(tmp).write_text(text + "\n")
+    report(result, out)
+
+
+def _argv_without(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """``argv`` without the options ``--name value`` / ``--name=value`` of ``names``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if name in names:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def scaling_run(scaling, out: str | None) -> None:
+    """``--scaling 1,2,4``: this benchmark under ``torchrun --standalone --nproc_per_node N`` for each N in turn (the
+    other options passed on, the bare U-Net left out), then one JSON line: each N's images/s in total and per GPU,
+    its speed-up over the first N and the scaling efficiency (speed-up x first N / N)."""
+    counts = [int(n) for n in (str(scaling).strip("()[] ").split(",") if not isinstance(scaling, (tuple, list))
+                                else scaling)]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"scaling: expected process counts such as 1,2,4, got {scaling!r}")
+    if torch.cuda.is_available() and max(counts) > torch.cuda.device_count():
+        raise ValueError(f"scaling: {max(counts)} processes need {max(counts)} GPUs, this machine has "
+                         f"{torch.cuda.device_count()}")
+    argv = _argv_without(sys.argv[1:], ("scaling", "out", "bare"))
+    # every process the same CPU threads whatever N (torchrun would give 1 to each of several, all to one alone)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(counts))))}
+    runs = []
+    for n in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "run.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+                   str(Path(__file__).resolve()), *argv, "--bare", "False", "--out", str(path)]
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
+            if proc.returncode != 0 or not path.is_file():
+                sys.stderr.write(proc.stdout[-4000:])
+                raise SystemExit(f"error: the run on {n} processes failed (exit {proc.returncode}): {' '.join(cmd)}")
+            runs.append(json.loads(path.read_text()))
+    first = runs[0]["full_step"]["images_per_s_total"]
+    table = [{"gpus": n, "images_per_s_total": r["full_step"]["images_per_s_total"],
+              "images_per_s_per_gpu": r["full_step"]["images_per_s_per_gpu"],
+              "ms_per_step": max(r["full_step"]["ms_per_step_ranks"]), "gpu_busy": r["full_step"]["gpu_busy_ranks"],
+              "speedup": r["full_step"]["images_per_s_total"] / first,
+              "scaling_efficiency": r["full_step"]["images_per_s_total"] / first * counts[0] / n}
+             for n, r in zip(counts, runs)]
+    report({"scaling": table, "settings": runs[0]["settings"], "device": runs[0]["device"], "torch": torch.__version__,
+            "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:])}, out)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from ..data import read_items, resolve_dataset_dir, volume_loader
+from ..distributed import all_gather_objects, rank_and_world, share_bounds
 from ..engine import load_weights, unwrap
 from ..inference import SliceBatchInferer, atomic_write_text
 from .model import upgrade_pretrain_state_dict
@@ -117,7 +118,8 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
 class ClusterQualityHandler:
     """At the end of pre-training (ignite ``COMPLETED``) scores the cluster maps of the model on the labelled
     ``split`` scans of ``dataset_dir`` (see the module docstring) and writes ``path`` (JSON, atomically); also
-    logs one line. A data set whose ``split`` list is empty or unlabelled (e.g. a folder of unlabelled NIfTI
+    logs one line. In a multi-GPU run each rank scores its block of the scans and rank 0 writes the scores of the
+    gathered counts, the same as one process's. A data set whose ``split`` list is empty or unlabelled (e.g. a folder of unlabelled NIfTI
     files) is skipped with a log line: the scores need labels, the pre-training does not."""
 
     def __init__(self, dataset_dir, path: str, split: str = "validation", enabled: bool = True, max_scans: int = 50):
@@ -125,9 +127,8 @@ class ClusterQualityHandler:
         self.enabled, self.max_scans = bool(enabled), int(max_scans)
 
     def attach(self, engine: Engine) -> None:
-        if not self.enabled or (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0):
-            return
-        engine.add_event_handler(Events.COMPLETED, self)
+        if self.enabled:  # on every rank of a multi-GPU run: each scores its share of the scans (see score)
+            engine.add_event_handler(Events.COMPLETED, self)
 
     def _labelled_items(self) -> tuple[list[dict], dict[int, str]]:
         items = [it for it in read_items(self.dataset_dir, self.split) if "label" in it][: self.max_scans]
@@ -135,10 +136,10 @@ class ClusterQualityHandler:
         names = {int(k): v for k, v in datalist.get("labels", {}).items() if int(k) > 0}
         return items, names
 
-    def _scan_clusters(self, model, ablate_levels=()):
-        """Per labelled ``split`` scan: (cluster index map, label map), both [H, W, D] on the CPU, in eval mode;
-        ``ablate_levels`` as :meth:`bim.pretrain.model.BIMClusterNet.embeddings`'."""
-        items, _ = self._labelled_items()
+    def _scan_clusters(self, model, ablate_levels=(), items=None):
+        """Per labelled ``split`` scan (or per entry of ``items``): (cluster index map, label map), both [H, W, D] on
+        the CPU, in eval mode; ``ablate_levels`` as :meth:`bim.pretrain.model.BIMClusterNet.embeddings`'."""
+        items = self._labelled_items()[0] if items is None else items
         device = next(model.parameters()).device
         load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
 
@@ -161,8 +162,11 @@ class ClusterQualityHandler:
             return None
         was_training = model.training
         model.eval()
+        rank, world = rank_and_world()
+        start, stop = share_bounds(len(items), rank, world)  # each rank its block of scans, gathered in order
         counts = [contingency(clusters, label, self._num_clusters(model), max(names) + 1)
-                  for clusters, label in self._scan_clusters(model)]
+                  for clusters, label in self._scan_clusters(model, items=items[start:stop])]
+        counts = [c for share in all_gather_objects(counts) for c in share]
         if was_training:
             model.train()
         return {"split": self.split, **cluster_quality(counts, names)}
@@ -205,7 +209,9 @@ class ClusterQualityHandler:
         return out
 
     def __call__(self, engine: Engine) -> None:
-        self.write(self.score(unwrap(engine.network)))
+        result = self.score(unwrap(engine.network))
+        if rank_and_world()[0] == 0:
+            self.write(result)
 
     def evaluate_checkpoint(self, network: torch.nn.Module, checkpoint: str) -> dict | None:
         """``evaluate.json``'s entry point: load the ``network`` entry of a pre-training checkpoint
