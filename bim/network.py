@@ -9,7 +9,8 @@ loads its weights by name (:func:`bim.segmentation.load_pretrained`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,14 @@ from torch import nn
 
 PAPER_FEATURES = (32, 64, 128, 256, 512, 32)
 UNET_STYLES = ("monai", "authors")
+# the weight of a decoder block's upsampling: BasicUNet's 2x2 transposed conv, or the authors' 3x3 conv after a
+# nearest-neighbour x2 (authors_upsample: Upsample, Conv2d, ...), whatever prefix the names carry
+_UPSAMPLE_WEIGHT = re.compile(r"(?:^|\.)upcat_[1-4]\.upsample\.(deconv|1)\.weight$")
+_UPSAMPLE_STYLE = {"deconv": ("monai", (2, 2)), "1": ("authors", (3, 3))}
+# the tensors whose first dimension is each of the 6 widths (5 encoder blocks, the last decoder block)
+_WIDTH_TENSORS = ("conv_0.conv_0.conv.weight", "down_1.convs.conv_1.conv.weight", "down_2.convs.conv_1.conv.weight",
+                  "down_3.convs.conv_1.conv.weight", "down_4.convs.conv_1.conv.weight",
+                  "upcat_1.convs.conv_1.conv.weight")
 
 
 def build_unet(
@@ -140,3 +149,38 @@ def backbone_state_dict(net: BasicUNet) -> dict[str, torch.Tensor]:
     """A U-Net's weights without its ``final_conv``: the ``model.pt`` pre-training runs wrote before pretrain_bim 0.3.0
     (fine-tuning still loads them; since 0.3.0 ``model.pt`` is a :class:`bim.pretrain.model.BIMClusterNet`'s)."""
     return {k: v.detach().cpu() for k, v in net.state_dict().items() if not k.startswith("final_conv.")}
+
+
+def unet_style_of(state_dict: Mapping[str, torch.Tensor]) -> str | None:
+    """The style (:data:`UNET_STYLES`) of the :func:`build_unet` U-Net whose weights ``state_dict`` holds, read from its
+    decoder's upsampling weights: ``upcat_<k>.upsample.deconv.weight`` (2x2 transposed conv) is "monai",
+    ``upcat_<k>.upsample.1.weight`` (3x3 conv, :func:`authors_upsample`) "authors". Any prefix of the names is fine
+    (``module.``, ``_orig_mod.``, ``unet.``, ``cluster_net.unet.`` of a pre-training checkpoint ...). None when it
+    holds no such weight (no U-Net of this project); a ``ValueError`` when it holds both styles."""
+    found = set()
+    for key, value in state_dict.items():
+        match = _UPSAMPLE_WEIGHT.search(str(key))
+        if match is None or not isinstance(value, torch.Tensor) or value.ndim != 4:
+            continue
+        style, kernel = _UPSAMPLE_STYLE[match.group(1)]
+        if tuple(value.shape[-2:]) == kernel:
+            found.add(style)
+    if len(found) > 1:
+        raise ValueError("the weights hold U-Nets of both styles (monai and authors decoder blocks)")
+    return found.pop() if found else None
+
+
+def unet_features_of(state_dict: Mapping[str, torch.Tensor]) -> list[int] | None:
+    """The 6 widths (``features`` of :func:`build_unet`) of the U-Net whose weights ``state_dict`` holds, under any
+    prefix of the names, as :func:`unet_style_of`; None when a width tensor is missing; a ``ValueError`` when it holds
+    U-Nets of different widths."""
+    first = _WIDTH_TENSORS[0]
+    prefixes = {k[: len(k) - len(first)] for k in map(str, state_dict) if k == first or k.endswith("." + first)}
+    found = set()
+    for prefix in prefixes:
+        tensors = [state_dict.get(prefix + name) for name in _WIDTH_TENSORS]
+        if all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in tensors):
+            found.add(tuple(int(t.shape[0]) for t in tensors))
+    if len(found) > 1:
+        raise ValueError(f"the weights hold U-Nets of different widths: {sorted(found)}")
+    return list(found.pop()) if found else None

@@ -1,5 +1,6 @@
 """Supervised segmentation pieces shared by the fine-tuning bundles (finetune_seg, meanteacher_seg).
 
+- :func:`resolve_unet`: the U-Net style and widths to build, ``auto`` taking them from the weights the run starts from;
 - :func:`load_pretrained`: initialise a U-Net from a ``pretrain_bim`` checkpoint (every tensor whose name and
   shape match), reporting what was and was not loaded;
 - :func:`labelled_items`, :func:`evaluation_items`, :func:`task_slice_store`: the labelled training scans of a
@@ -24,6 +25,7 @@ from torch import nn
 from .data import SliceStore, read_items
 from .engine import load_weights, unwrap
 from .inference import is_prepared
+from .network import PAPER_FEATURES, UNET_STYLES, unet_features_of, unet_style_of
 from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
 from .tasks import SegmentationTask, get_task, labelled_key
 
@@ -32,14 +34,20 @@ logger = logging.getLogger("bim")
 _PREFIXES = ("", "module.", "unet.", "cluster_net.unet.", "_orig_mod.", "model.", "network.")
 
 
-def read_state_dict(path: str | os.PathLike, map_location="cpu") -> dict[str, torch.Tensor]:
+_HINTS = {"--pretrained": "pass a pretrain_bim model.pt or a bundle checkpoint",
+          "--checkpoint": "pass the model.pt of a training run of this bundle",
+          "--ckpt_path": "pass the model.pt of a training run of this bundle"}
+
+
+def read_state_dict(path: str | os.PathLike, map_location="cpu", what: str = "--pretrained") -> dict[str, torch.Tensor]:
     """The tensors of a checkpoint file: a plain state dict, or a dict with a ``"network"``, ``"state_dict"`` or
-    ``"model"`` entry (e.g. a ``checkpoint_*.pt`` of a bundle). Loaded with ``weights_only=True``."""
+    ``"model"`` entry (e.g. a ``checkpoint_*.pt`` of a bundle). Loaded with ``weights_only=True``; an error names
+    ``what`` (the option that gave the file) and the file."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"pretrained checkpoint {path} does not exist")
-    obj = load_weights(path, "--pretrained", "pass a pretrain_bim model.pt or a bundle checkpoint",
-                       map_location)
+        raise FileNotFoundError(f"pretrained checkpoint {path} does not exist" if what == "--pretrained" else
+                                f"{what} {path}: no such file; {_HINTS.get(what, 'pass a weights file')}")
+    obj = load_weights(path, what, _HINTS.get(what, "pass a weights file"), map_location)
     if isinstance(obj, Mapping):
         for key in ("network", "state_dict", "model"):
             if key in obj and isinstance(obj[key], Mapping):
@@ -51,6 +59,46 @@ def read_state_dict(path: str | os.PathLike, map_location="cpu") -> dict[str, to
             f"'network' / 'state_dict' entry)"
         )
     return {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def _no_path(path) -> bool:
+    return path in (None, "", "None", "null", False)
+
+
+def resolve_unet(unet_style: str = "auto", features="auto", path: str | os.PathLike | None = None,
+                 what: str = "--pretrained", required: bool = True) -> dict:
+    """``{"unet_style": ..., "features": [...]}`` of the U-Net a segmentation bundle builds, for weights at ``path``
+    (``what``: the option that gives them: ``--pretrained``, ``--checkpoint``, ``--ckpt_path``).
+
+    ``unet_style`` / ``features`` "auto" take the style (:func:`bim.network.unet_style_of`) and widths
+    (:func:`~bim.network.unet_features_of`) of the weights, read once with ``weights_only=True``; without weights
+    (``path`` null, or absent and not ``required``: the network alone, e.g. MONAI's ``verify_net_in_out``) "monai" and
+    :data:`~bim.network.PAPER_FEATURES`. An explicit style must be the weights' (a ``ValueError`` naming the file,
+    both styles and the fix); explicit widths are used as given. A missing ``required`` or unreadable file, or one
+    without U-Net weights when "auto" needs them, is an error naming ``what`` and the file."""
+    if unet_style not in ("auto", *UNET_STYLES):
+        raise ValueError(f"unet_style must be one of 'auto', {', '.join(map(repr, UNET_STYLES))}, got {unet_style!r}")
+    style, widths, source = unet_style, features, None
+    if not _no_path(path) and (required or Path(path).expanduser().is_file()):
+        state = read_state_dict(path, "cpu", what)
+        source, found = f"{what} {path}", unet_style_of(state)
+        if found is None and "auto" in (unet_style, features):
+            raise ValueError(f"{source}: holds no U-Net weights of this project (no upcat_<k>.upsample weight; keys "
+                             f"start with {sorted(state)[:3]}): {_HINTS.get(what, 'pass a weights file')}")
+        if unet_style != "auto" and found is not None and found != unet_style:
+            raise ValueError(f"{source}: holds a U-Net of style '{found}', but unet_style is '{unet_style}': drop "
+                             f"--unet_style (its default, auto, takes the style of the weights) or pass "
+                             f"--unet_style {found}")
+        style = found if unet_style == "auto" else unet_style
+        widths = (unet_features_of(state) or list(PAPER_FEATURES)) if features == "auto" else features
+    elif not _no_path(path):
+        logger.warning(f"{what} {path} does not exist: the U-Net is built without weights"
+                       + (" (unet_style auto: monai)" if unet_style == "auto" else ""))
+    style = "monai" if style == "auto" else style
+    widths = list(PAPER_FEATURES) if widths == "auto" else widths
+    if "auto" in (unet_style, features):
+        logger.info(f"U-Net: style {style}, widths {list(widths)}" + (f" (auto: from {source})" if source else ""))
+    return {"unet_style": style, "features": widths}
 
 
 def _summarise(keys: Sequence[str], limit: int = 12) -> str:
