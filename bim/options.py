@@ -127,7 +127,12 @@ OPTIONS: dict[str, Option] = {
     "edge_power": _positive("power of the gradient edge map"),
     "cc_window": _count("window of the local cross-correlation"),
     # network and run
-    "features": Option("U-Net widths (must match the pre-training run)"),
+    "features": Option("U-Net widths, 6 numbers (must match the weights loaded); auto (finetune_seg, meanteacher_seg): "
+                       "those of the weights the run starts from, else [32, 64, 128, 256, 512, 32]"),
+    "unet_style": Option("U-Net style: monai (MONAI BasicUNet) or authors (the authors' code's decoder: nearest upsampling "
+                         "+ conv, ReLU, no bias); auto (finetune_seg, meanteacher_seg): the style of the weights the run "
+                         "starts from (pretrained; evaluate: checkpoint; inference: ckpt_path), else monai",
+                         choices=("auto", "monai", "authors")),
     "bn_momentum": Option("BatchNorm momentum; null: PyTorch's 0.1"),
     "amp": Option("bf16 autocast on CUDA", "bool"),
     "compile": Option("torch.compile the training step (default: on CUDA)", "bool"),
