@@ -186,3 +186,30 @@ def test_finetune_evaluate_and_inference_take_the_authors_style_without_being_to
     assert infer.parser.get_parsed_content("resolved_unet") == {"unet_style": "authors", "features": SMALL}
     assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == ["patient002_frame01_seg.nii.gz",
                                                                      "patient002_frame11_seg.nii.gz"]
+
+
+def test_the_readmes_torchscript_export_of_an_authors_model_takes_its_style_from_ckpt_path(authors_run, tmp_path):
+    """The README's ``ckpt_export`` line: ``--ckpt_path`` (the model it exports) lets auto build the model's U-Net."""
+    import sys
+
+    from monai.bundle import ckpt_export
+    from tolerance import assert_close_to_scale, conv_reduction_length
+
+    from bundle_helpers import BUNDLES, purge_scripts_modules
+
+    model, root = authors_run["dir"] / "model.pt", str(BUNDLES / "finetune_seg")
+    purge_scripts_modules()
+    sys.path.insert(1, root)
+    try:
+        ckpt_export(net_id="network_def", filepath=str(tmp_path / "model.ts"), ckpt_file=str(model),
+                    ckpt_path=str(model), meta_file=root + "/configs/metadata.json",
+                    config_file=root + "/configs/inference.json")
+    finally:
+        sys.path.remove(root)
+        purge_scripts_modules()
+    scripted = torch.jit.load(str(tmp_path / "model.ts")).eval()
+    net = build_unet(out_channels=2, features=SMALL, unet_style="authors").eval()
+    net.load_state_dict(torch.load(model, weights_only=True))
+    x = torch.rand(2, 1, 64, 48)
+    with torch.no_grad():
+        assert_close_to_scale(scripted(x), net(x), conv_reduction_length(net), "scripted vs eager")
