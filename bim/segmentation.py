@@ -80,8 +80,12 @@ def resolve_unet(unet_style: str = "auto", features="auto", path: str | os.PathL
         raise ValueError(f"unet_style must be one of 'auto', {', '.join(map(repr, UNET_STYLES))}, got {unet_style!r}")
     style, widths, source = unet_style, features, None
     if not _no_path(path) and (required or Path(path).expanduser().is_file()):
-        state = read_state_dict(path, "cpu", what)
-        source, found = f"{what} {path}", unet_style_of(state)
+        state, source = read_state_dict(path, "cpu", what), f"{what} {path}"
+        try:
+            found = unet_style_of(state)
+            found_widths = unet_features_of(state) if features == "auto" else None
+        except ValueError as e:  # two networks in one file
+            raise ValueError(f"{source}: {e}: pass the weights of one network") from None
         if found is None and "auto" in (unet_style, features):
             raise ValueError(f"{source}: holds no U-Net weights of this project (no upcat_<k>.upsample weight; keys "
                              f"start with {sorted(state)[:3]}): {_HINTS.get(what, 'pass a weights file')}")
@@ -90,7 +94,7 @@ def resolve_unet(unet_style: str = "auto", features="auto", path: str | os.PathL
                              f"--unet_style (its default, auto, takes the style of the weights) or pass "
                              f"--unet_style {found}")
         style = found if unet_style == "auto" else unet_style
-        widths = (unet_features_of(state) or list(PAPER_FEATURES)) if features == "auto" else features
+        widths = (found_widths or list(PAPER_FEATURES)) if features == "auto" else features
     elif not _no_path(path):
         logger.warning(f"{what} {path} does not exist: the U-Net is built without weights"
                        + (" (unet_style auto: monai)" if unet_style == "auto" else ""))
@@ -131,7 +135,7 @@ def load_pretrained(network: nn.Module, path: str | os.PathLike | None, map_loca
     Returns ``network``.
     """
     net = unwrap(network)
-    if path in (None, "", "None", "null", False):
+    if _no_path(path):
         logger.info("pretrained: none, the network keeps its random initialisation")
         network.pretrained_report = {"path": None, "loaded": [], "not_loaded": list(net.state_dict()),
                                      "shape_mismatch": [], "unused": []}

@@ -106,6 +106,12 @@ def test_a_missing_corrupt_or_foreign_file_is_named(tmp_path, caplog):
     with pytest.raises(ValueError, match=f"--pretrained {foreign}: holds no U-Net weights of this project"):
         resolve_unet("auto", "auto", foreign)
     assert resolve_unet("monai", SMALL, foreign) == {"unet_style": "monai", "features": SMALL}  # as before: load says
+    two = tmp_path / "two.pt"
+    torch.save({**build_unet(features=WIDTHS).state_dict(),
+                **{"teacher." + k: v for k, v in build_unet(features=SMALL).state_dict().items()}}, two)
+    with pytest.raises(ValueError, match=rf"--pretrained {two}: the weights hold U-Nets of different widths: .*: pass "
+                                         "the weights of one network"):
+        resolve_unet("auto", "auto", two)
     # inference's network alone (MONAI's verify_net_in_out, ckpt_export --ckpt_file): built without the file
     with caplog.at_level(logging.WARNING, logger="bim"):
         assert resolve_unet("auto", "auto", missing, "--ckpt_path", required=False)["unet_style"] == "monai"
