@@ -6,7 +6,7 @@
   slice to a multiple of 16 (the U-Net's 4 down-samplings) and cropping back;
 - :func:`dice_metric_handler`: MONAI's ``DiceMetric`` (3D, per scan, without background) as an Ignite metric;
 - :class:`BestMetricSaver`: keeps the weights of the best validation epoch as ``model.pt`` + ``best_metric.json``;
-- :class:`ValidateAtEnd`: validates after the last epoch when it is not a multiple of the validation interval;
+- :class:`LastEpochValidationHandler`: MONAI's ``ValidationHandler``, also validating after the last epoch;
 - :class:`ScanDiceWriter`: writes per-scan Dice (CSV) and its summary (JSON) of an evaluation run;
 - :class:`PredictionPanelWriter`: a PNG of a few scans' label and prediction outlines after an evaluation run;
 - :func:`scan_preprocessing` and :func:`label_map_postprocessing`: the inference configs' way from a NIfTI scan to the
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from ignite.engine import Engine, Events
 from monai.config import KeysCollection
+from monai.handlers import ValidationHandler
 from monai.inferers import Inferer
 from monai.transforms import InvertibleTransform, MapTransform
 
@@ -206,21 +207,25 @@ class BestMetricSaver:
         atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / record_name)
 
 
-class ValidateAtEnd:
-    """Runs ``validator`` (a MONAI evaluator) once when training completes, unless the last epoch was already
-    validated by a ``ValidationHandler`` of the same ``interval`` (so the best checkpoint always exists)."""
+class LastEpochValidationHandler(ValidationHandler):
+    """MONAI's :class:`~monai.handlers.ValidationHandler` (epoch level) that also validates when training completes,
+    unless that epoch was validated already, so the best checkpoint always exists: it attaches on
+    ``EPOCH_COMPLETED(every=interval) | COMPLETED`` (filtered to epochs that are not a multiple of ``interval``), where
+    MONAI's attaches ``EPOCH_COMPLETED(every=interval)`` alone. An early stop ends at a validated epoch."""
 
-    def __init__(self, validator, interval: int = 1) -> None:
-        if interval < 1:
+    def __init__(self, interval: int, validator=None, exec_at_start: bool = False) -> None:
+        if isinstance(interval, bool) or int(interval) < 1:
             raise ValueError(f"val_interval must be >= 1, got {interval}")
-        self.validator, self.interval = validator, int(interval)
+        super().__init__(int(interval), validator, epoch_level=True, exec_at_start=exec_at_start)
+
+    def not_validated(self, engine: Engine, _event: int) -> bool:
+        return engine.state.epoch % self.interval != 0
 
     def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.COMPLETED, self)
-
-    def __call__(self, engine: Engine) -> None:
-        if engine.state.epoch % self.interval != 0:
-            self.validator.run(engine.state.epoch)
+        events = Events.EPOCH_COMPLETED(every=self.interval) | Events.COMPLETED(event_filter=self.not_validated)
+        engine.add_event_handler(events, self)
+        if self.exec_at_start:
+            engine.add_event_handler(Events.STARTED, self)
 
 
 class ScanDiceWriter:
