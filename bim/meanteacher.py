@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ignite.engine import Engine, Events
 from monai.engines import SupervisedTrainer
 from monai.utils import CommonKeys as Keys
 
+from .engine import unwrap
 from .semi_supervised import SemiSupervisedMethod, check_method
 
 
@@ -28,6 +30,16 @@ class SemiSupervisedTrainer(SupervisedTrainer):
         kwargs.setdefault("decollate", False)
         super().__init__(*args, **kwargs)
         self.ssl_step = step
+        # after the train handlers: a handler that loads the student's weights at start (MONAI Label's
+        # CheckpointLoader of model.pt) has run, and a resumed run has its iteration back
+        self.add_event_handler(Events.STARTED, self.teacher_starts_as_student)
+
+    def teacher_starts_as_student(self, engine: Engine) -> None:
+        """A fresh run's teacher starts as the student is when training starts, so weights loaded into the student by
+        a start-up handler reach the teacher too; a resumed run (iteration > 0) keeps its checkpointed teacher."""
+        teacher = getattr(self.ssl_step, "teacher", None)
+        if teacher is not None and engine.state.iteration == 0:
+            teacher.module.load_state_dict(unwrap(engine.network).state_dict())
 
     def _iteration(self, engine, batchdata: dict) -> dict:
         out = self.ssl_step(engine.network, batchdata, engine.state.iteration - 1)

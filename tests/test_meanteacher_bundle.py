@@ -158,3 +158,34 @@ def test_multi_gpu_config_runs_under_torchrun_on_cpu(method, demo_dataset, tmp_p
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "model.pt").is_file() and (out / "checkpoint_final.pt").is_file()
+
+
+def test_weights_loaded_at_start_reach_the_teacher_too(demo_dataset, tmp_path):
+    """MONAI Label loads ``model.pt`` into the student with a CheckpointLoader that runs when training starts, after
+    the teacher was built from the student's random initialisation: the teacher must start from the loaded weights."""
+    from monai.bundle import ConfigWorkflow
+
+    from bim.network import build_unet
+    from bundle_helpers import BUNDLES, purge_scripts_modules
+
+    torch.manual_seed(7)
+    loaded = build_unet(out_channels=2, features=SMALL_TUPLE).state_dict()
+    torch.save(loaded, tmp_path / "model.pt")
+    purge_scripts_modules()
+    configs = BUNDLES / "meanteacher_seg" / "configs"
+    wf = ConfigWorkflow(config_file=[str(configs / "train.json"), str(configs / "variants" / "mean_teacher.json")],
+                        workflow_type="train", output_dir=str(tmp_path / "out"), dataset_dir=str(demo_dataset),
+                        epochs=1, iters_per_epoch=1, **{**FAST, "features": list(SMALL_TUPLE)})
+    wf.parser["train"]["handlers"].insert(0, {"_target_": "CheckpointLoader", "load_path": str(tmp_path / "model.pt"),
+                                              "load_dict": {"model": "@network"}, "strict": True})
+    wf.initialize()
+    initial = {k: v.clone() for k, v in wf.parser.get_parsed_content("network").state_dict().items()}
+    wf.run()
+    teacher = wf.parser.get_parsed_content("teacher").module.state_dict()
+
+    def distance(a, b):
+        return sum(float((a[k].float() - b[k].float()).abs().sum()) for k in a if a[k].is_floating_point())
+
+    assert distance(loaded, initial) > 0
+    # one EMA step (decay 0.99) after one student step at LR <= 2e-5 from the loaded weights
+    assert distance(teacher, loaded) < 0.02 * distance(initial, loaded)
