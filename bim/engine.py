@@ -183,6 +183,18 @@ def first_on_any_rank(first: int, device=None) -> int:
     return int(t) if int(t) != never else -1
 
 
+class StopsTraining:
+    """A train handler that hands the trainer it is attached to over to ``handler`` (MONAI's ``EarlyStopHandler``
+    attached to the validation evaluator): the evaluator's handlers are built before the trainer that runs them, so
+    the config cannot name the trainer there without a cycle, and no entry point (``initialize``, ``run``) has to."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+
+    def attach(self, engine: Engine) -> None:
+        self.handler.set_trainer(engine)
+
+
 class StopOnNonFiniteLoss:
     """Stops training with a :class:`NonFiniteLossError` when the loss (``engine.state.output["loss"]``) is NaN or
     infinite, naming the first such iteration and what to check. The test stays on the device (no synchronisation
