@@ -92,7 +92,8 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 def atomic_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` through :func:`atomic_file`: never a half-written file, mode 0644."""
+    """``torch.save`` through :func:`atomic_file`: never a half-written file, mode 0644. Kept rather than Ignite's
+    ``DiskSaver(atomic=True)``, whose temporary files (``tmpXXXX``) a killed save leaves are never removed."""
     with atomic_file(path) as tmp:
         torch.save(obj, tmp)
     return Path(path)
@@ -139,7 +140,11 @@ def changed_settings(stored, current: str) -> str:
 class CheckpointEveryN:
     """Saves the engine (as ``trainer``) and ``save_dict`` (objects with ``state_dict``) atomically to ``save_dir/checkpoint_last.pt`` every
     ``interval`` iterations (the previous one is replaced), and to ``checkpoint_final.pt`` at the end; with
-    ``fingerprint`` (:func:`settings_fingerprint`) each checkpoint records it under ``"fingerprint"``."""
+    ``fingerprint`` (:func:`settings_fingerprint`) each checkpoint records it under ``"fingerprint"``.
+
+    Kept rather than MONAI's ``CheckpointSaver(save_interval=..., save_final=True)``: that names interval checkpoints
+    by step and deletes the previous one before writing the next, not atomically (``DiskSaver(atomic=False)``), and
+    also writes the final checkpoint when an error (a NaN loss) stops training, marking a failed run finished."""
 
     def __init__(self, save_dir: str, save_dict: dict, interval: int = 200, final: bool = True,
                  fingerprint: str | None = None):
@@ -176,6 +181,18 @@ def first_on_any_rank(first: int, device=None) -> int:
     t = torch.tensor(first if first >= 0 else never, dtype=torch.long, device=device)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
     return int(t) if int(t) != never else -1
+
+
+class StopsTraining:
+    """A train handler that hands the trainer it is attached to over to ``handler`` (MONAI's ``EarlyStopHandler``
+    attached to the validation evaluator): the evaluator's handlers are built before the trainer that runs them, so
+    the config cannot name the trainer there without a cycle, and no entry point (``initialize``, ``run``) has to."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+
+    def attach(self, engine: Engine) -> None:
+        self.handler.set_trainer(engine)
 
 
 class StopOnNonFiniteLoss:

@@ -536,6 +536,30 @@ def test_cpu_inference_runs_in_bf16_only_where_the_cpu_has_it_and_keeps_the_segm
 # ---------------------------------------------------------------------------------------- resume and best model
 
 
+@pytest.mark.parametrize("epochs, interval, stop_at, validated", [
+    (5, 2, None, [2, 4, 5]),  # the last epoch is not a multiple of the interval: validated when training completes
+    (4, 2, None, [2, 4]),  # it is: validated once
+    (3, 1, None, [1, 2, 3]),
+    (6, 2, 4, [2, 4]),  # an early stop after the validation of epoch 4: nothing more
+])
+def test_validation_runs_every_interval_and_once_after_the_last_epoch(epochs, interval, stop_at, validated):
+    from unittest import mock
+
+    from ignite.engine import Engine
+    from monai.engines import Evaluator
+
+    from bim.inference import LastEpochValidationHandler
+
+    trainer = Engine(lambda e, b: None)
+    validator = mock.MagicMock(spec=Evaluator)
+    validator.run.side_effect = lambda epoch: trainer.terminate() if epoch == stop_at else None
+    LastEpochValidationHandler(interval, validator).attach(trainer)
+    trainer.run(range(2), max_epochs=epochs)
+    assert [c.args[0] for c in validator.run.call_args_list] == validated
+    with pytest.raises(ValueError, match="val_interval must be >= 1, got 0"):
+        LastEpochValidationHandler(0, validator)
+
+
 def test_resume_takes_only_an_interrupted_run_of_the_same_settings(tmp_path, caplog):
     from ignite.engine import Engine
 

@@ -112,7 +112,7 @@ def test_method_runs_end_to_end(method, tmp_path, demo_dataset):
                         "configs/variants/ict.json, which builds train#step as InterpolationConsistency"),
 ])
 def test_an_unknown_or_unbuilt_method_stops_the_run_naming_the_key(overrides, message, tmp_path, demo_dataset):
-    with pytest.raises(Exception) as err:  # initialize builds the trainer (the early stopping handler needs it)
+    with pytest.raises(Exception) as err:
         workflow("meanteacher_seg", "train.json", output_dir=str(tmp_path), dataset_dir=str(demo_dataset),
                  **{**FAST, "features": list(SMALL_TUPLE)}, **overrides).run()
     text = "".join(str(e) for e in (err.value, err.value.__cause__, err.value.__context__) if e)

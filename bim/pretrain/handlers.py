@@ -117,7 +117,7 @@ class ClusterPanelWriterd:
     """A transform of ``inference.json``'s postprocessing, before the inverse: writes
     ``output_dir/<scan>_clusters.png`` with one row per slice (``num_slices`` slices evenly spread over the scan,
     the first and last left out) and columns image | cluster map (argmax over K of ``pred_key``, the palette of the
-    training panels), both in the network's geometry (resampled, padded). Returns ``data`` unchanged."""
+    training panels), both in the network's geometry (resampled). Returns ``data`` unchanged."""
 
     def __init__(self, output_dir: str, image_key: str = "image", pred_key: str = "pred", num_slices: int = 3):
         if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
