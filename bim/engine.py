@@ -183,16 +183,20 @@ def first_on_any_rank(first: int, device=None) -> int:
     return int(t) if int(t) != never else -1
 
 
-class StopsTraining:
-    """A train handler that hands the trainer it is attached to over to ``handler`` (MONAI's ``EarlyStopHandler``
-    attached to the validation evaluator): the evaluator's handlers are built before the trainer that runs them, so
-    the config cannot name the trainer there without a cycle, and no entry point (``initialize``, ``run``) has to."""
+class EarlyStoppingOnValidation:
+    """A train handler that connects ``handler`` (MONAI's ``EarlyStopHandler``, its ``patience`` counted in
+    validations) to ``validator`` and to the trainer it is attached to; a ``patience`` of None leaves it off. Built
+    here rather than among the evaluator's handlers: the evaluator exists before the trainer that runs it (the config
+    cannot name the trainer there without a cycle), and an evaluator run on its own must not need a trainer."""
 
-    def __init__(self, handler) -> None:
-        self.handler = handler
+    def __init__(self, handler, validator) -> None:
+        self.handler, self.validator = handler, validator
 
     def attach(self, engine: Engine) -> None:
+        if self.handler.patience is None:
+            return
         self.handler.set_trainer(engine)
+        self.handler.attach(self.validator)
 
 
 class StopOnNonFiniteLoss:
