@@ -1,5 +1,5 @@
 """The pre-training options that follow the authors' code (issue 50), one test each: what the option changes, on
-small CPU tensors. Defaults keep the earlier behaviour; ``configs/authors_options.json`` turns all of them on."""
+small CPU tensors. They are the bundle's defaults; ``configs/earlier_defaults.json`` turns all of them off."""
 
 import json
 
@@ -229,21 +229,35 @@ def test_without_the_mask_out_of_image_pixels_enter_the_joint():
 # ---------------------------------------------------------------------------------------------- the bundle
 
 
-def test_authors_options_config_reaches_the_trainer_and_trains(demo_dataset, tmp_path):
+def test_the_defaults_are_the_authors_options_and_train(demo_dataset, tmp_path):
     from test_pretrain_bundle import _train_workflow
 
-    wf = _train_workflow(demo_dataset, tmp_path, ("train.json", "variants/ours_mi_cc.json", "authors_options.json"))
-    options = json.loads((BUNDLES / "pretrain_bim" / "configs" / "authors_options.json").read_text())
+    wf = _train_workflow(demo_dataset, tmp_path, ("train.json", "variants/ours_mi_cc.json"))
     trainer = wf.parser.get_parsed_content("train#trainer")
     t = trainer.pair_transform
-    assert (t.interpolation, t.mirror_prob, t.gamma_sampling, t.feature_warp_fp32) == (
-        options["t_interpolation"], options["t_mirror_prob"], options["t_gamma_sampling"], options["feature_warp_fp32"])
-    assert trainer.view_jitter == tuple(options["view_jitter"]) and trainer.view_rotation_deg == options["view_rotation_deg"]
+    assert (t.interpolation, t.mirror_prob, t.gamma_sampling, t.feature_warp_fp32) == ("nearest", 0.9, "uniform", True)
+    assert trainer.view_jitter == (0.5, 1.5) and trainer.view_rotation_deg == 45.0
     assert trainer.cc_maps == "both" and trainer.mask_out_of_image is False and trainer.edge == "gradient_power"
     assert isinstance(trainer.model.unet.upcat_1.upsample[0], nn.Upsample)
     trainer.run()
     out = trainer.state.output
     assert {"mi", "cc"} <= set(out) and all(torch.isfinite(out[k]) for k in ("mi", "cc"))
+
+
+def test_earlier_defaults_config_turns_every_option_off(demo_dataset, tmp_path):
+    from test_pretrain_bundle import _train_workflow
+
+    wf = _train_workflow(demo_dataset, tmp_path, ("train.json", "variants/ours_mi_cc.json", "earlier_defaults.json"))
+    options = json.loads((BUNDLES / "pretrain_bim" / "configs" / "earlier_defaults.json").read_text())
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    t = trainer.pair_transform
+    assert (t.interpolation, t.mirror_prob, t.gamma_sampling, t.feature_warp_fp32) == (
+        options["t_interpolation"], options["t_mirror_prob"], options["t_gamma_sampling"], options["feature_warp_fp32"])
+    assert trainer.view_jitter is None and trainer.view_rotation_deg == 0.0
+    assert (trainer.cc_maps, trainer.mask_out_of_image, trainer.edge) == ("p_hat", True, "sobel")
+    assert not isinstance(trainer.model.unet.upcat_1.upsample[0], nn.Upsample)
+    defaults = json.loads((BUNDLES / "pretrain_bim" / "configs" / "train.json").read_text())
+    assert {k for k in options if not k.startswith("_")} <= set(defaults), "each option is a key of train.json"
 
 
 def test_a_bad_option_in_the_bundle_names_its_key(demo_dataset, tmp_path):

@@ -35,7 +35,7 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
     state = torch.load(out / "model.pt", weights_only=True)
     from bim.pretrain.model import BIMClusterNet
 
-    BIMClusterNet().load_state_dict(state)  # the default network_def, strictly: U-Net without final_conv + cluster head
+    BIMClusterNet(unet_style="authors").load_state_dict(state)  # the default network_def, strictly: U-Net without final_conv + heads
     assert not any(k.startswith("unet.final_conv.") for k in state) and "cluster_head.heads.2.weight" in state
     panels = sorted((out / "panels").glob("clusters_iter*.png"))
     assert [p.name for p in panels] == ["clusters_iter000002.png", "clusters_iter000004.png"]
