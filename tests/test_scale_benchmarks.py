@@ -128,4 +128,9 @@ def test_benchmark_streaming_trains_on_the_same_batches_from_the_host_and_from_t
     device, host = result["device_store"], result["host_stream"]
     assert device["final_loss"] == host["final_loss"]  # the same batches, the same computation on a CPU
     assert host["images_per_s"] > 0 and host["batch_gather_copy_ms"] > 0
+    parts = host["batch_parts_ms"]  # each part of a streamed batch on its own
+    assert set(parts) == {"sample_indices", "host_gather", "host_gather_index_select", "host_to_device", "take"}
+    assert all(ms >= 0 for ms in parts.values()) and parts["host_gather"] > 0 and parts["take"] > 0
+    cpu = result["cpu"]
+    assert cpu["torch_threads"] >= 1 and cpu["cpu_count"] >= cpu["usable_cores"] >= 1
     assert result["host_vs_device"] == host["images_per_s"] / device["images_per_s"]
