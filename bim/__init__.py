@@ -3,7 +3,8 @@ losses and heads, fine-tuning, semi-supervised training, evaluation and inferenc
 
 Installed with ``pip install -e .`` from the repository root; the bundle configs name its objects as
 ``bim.<module>.<name>``. ``python -m bim.export_bundle`` writes a self-contained copy of a bundle whose
-``scripts/bim`` holds this package.
+``scripts/bim`` holds this package; ``python -m bim.bundle_configs`` writes the segmentation bundles' configs from
+``bundles/config_sources/``.
 """
 
 from .errors import install as _install_excepthook

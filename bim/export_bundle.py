@@ -21,7 +21,8 @@ from pathlib import Path
 BUNDLES = ("pretrain_bim", "finetune_seg", "meanteacher_seg")
 PACKAGE = Path(__file__).resolve().parent
 VENDORED_PREFIX = "scripts."
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "export_bundle.py")
+# the repository's tools, which an exported bundle cannot run (no bundles/ folder beside it)
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "export_bundle.py", "bundle_configs.py")
 
 
 def bundles_dir() -> Path:

@@ -133,7 +133,8 @@ OPTIONS: dict[str, Option] = {
                          "+ conv, ReLU, no bias); auto (finetune_seg, meanteacher_seg): the style of the weights the run "
                          "starts from (pretrained; evaluate: checkpoint; inference: ckpt_path), else monai",
                          choices=("auto", "monai", "authors")),
-    "bn_momentum": Option("BatchNorm momentum; null: PyTorch's 0.1"),
+    "bn_momentum": Option("BatchNorm momentum; null: the U-Net style's (monai 0.1, authors 0.01; runs of a few hundred "
+                          "iterations need 0.1 for usable running statistics)"),
     "amp": Option("bf16 autocast on CUDA", "bool"),
     "compile": Option("torch.compile the training step (default: on CUDA)", "bool"),
     "compile_teacher": Option("torch.compile the teacher too", "bool"),

@@ -50,7 +50,8 @@ def test_network_def_is_the_network_of_model_pt(pretrained, demo_dataset):
     assert {f"cluster_net.{k}" for k in state} == {k for k in trained if k.startswith("cluster_net.")}
     assert all(torch.equal(v, trained[f"cluster_net.{k}"]) for k, v in state.items())
     for config, kind in (("train.json", "train"), ("inference.json", "infer")):
-        overrides = {"dataset_dir": str(demo_dataset)} if kind == "train" else {}
+        # inference.json takes the U-Net style and widths of --ckpt_path (auto)
+        overrides = {"dataset_dir": str(demo_dataset)} if kind == "train" else {"ckpt_path": str(pretrained / "model.pt")}
         net = workflow("pretrain_bim", config, workflow_type=kind, **overrides, **NET).parser.get_parsed_content("network_def")
         net.load_state_dict(state)  # strict
         x = torch.rand(2, 1, 48, 32)
@@ -71,9 +72,9 @@ def test_verify_net_in_out_and_torchscript_export(pretrained, tmp_path):
     with pytest.raises(ValueError, match="output channel number `10` doesn't match: `40`"):
         verify_net_in_out(device="cpu", num_clusters=10, **common)
     ts = tmp_path / "model.ts"
-    ckpt_export(filepath=str(ts), ckpt_file=str(pretrained / "model.pt"), **common)
+    ckpt_export(filepath=str(ts), ckpt_file=str(pretrained / "model.pt"), ckpt_path=str(pretrained / "model.pt"), **common)
     scripted = torch.jit.load(str(ts))
-    net = BIMClusterNet(**NET)
+    net = BIMClusterNet(unet_style="authors", **NET)  # train.json's default style
     net.load_state_dict(torch.load(pretrained / "model.pt", weights_only=True))
     x = torch.rand(2, 1, 64, 48)
     with torch.no_grad():  # the same fp32 operations: equal up to float rounding

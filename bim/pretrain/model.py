@@ -40,12 +40,14 @@ class BIMClusterNet(nn.Module):
         in_channels: int = 1,
         dense_level: int = 1,
         unet_style: str = "monai",
+        bn_momentum: float | None = None,
     ) -> None:
         super().__init__()
         dense = dense_channels(features, dense_level)  # validates dense_level
         self.dense_level = check_dense_level(dense_level)
         self.features = tuple(int(f) for f in features)
-        self.unet = build_unet(in_channels=in_channels, out_channels=1, features=features, unet_style=unet_style)
+        self.unet = build_unet(in_channels=in_channels, out_channels=1, features=features, unet_style=unet_style,
+                               bn_momentum=bn_momentum)
         self.unet.final_conv = nn.Identity()  # no weights: model.pt holds no untrained layer
         self.cluster_head = ClusterHead(dense, num_clusters, num_subheads)
 
