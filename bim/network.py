@@ -23,7 +23,7 @@ from torch import nn
 PAPER_FEATURES = (32, 64, 128, 256, 512, 32)
 UNET_STYLES = ("monai", "authors")
 # the weight of a decoder block's upsampling: BasicUNet's 2x2 transposed conv, or the authors' 3x3 conv after a
-# nearest-neighbour x2 (authors_upsample: Upsample, Conv2d, ...), whatever prefix the names carry
+# nearest-neighbour x2 (authors_upsample: NearestUpsample2x, Conv2d, ...), whatever prefix the names carry
 _UPSAMPLE_WEIGHT = re.compile(r"(?:^|\.)upcat_[1-4]\.upsample\.(deconv|1)\.weight$")
 _UPSAMPLE_STYLE = {"deconv": ("monai", (2, 2)), "1": ("authors", (3, 3))}
 # the tensors whose first dimension is each of the 6 widths (5 encoder blocks, the last decoder block)
@@ -80,15 +80,42 @@ def build_unet(
 
 
 def authors_upsample(in_channels: int, out_channels: int, bn_momentum: float | None = 0.01) -> nn.Sequential:
-    """The authors' decoder upsampling: nearest-neighbour x2, then 3x3 conv (no bias) + BatchNorm + ReLU
-    (``bn_momentum`` None: no BatchNorm). It replaces BasicUNet's 2x2 transposed convolution with the same input and
-    output widths, so the block's two convolutions after the concatenation are unchanged."""
-    layers = [nn.Upsample(scale_factor=2, mode="nearest"),
+    """The authors' decoder upsampling: nearest-neighbour x2 (:class:`NearestUpsample2x`), then 3x3 conv (no bias)
+    + BatchNorm + ReLU (``bn_momentum`` None: no BatchNorm). It replaces BasicUNet's 2x2 transposed convolution with
+    the same input and output widths, so the block's two convolutions after the concatenation are unchanged."""
+    layers = [NearestUpsample2x(),
               nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False)]
     if bn_momentum is not None:
         layers.append(nn.BatchNorm2d(out_channels, momentum=bn_momentum))
     layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+class NearestUpsample2x(nn.Upsample):
+    """Nearest-neighbour x2 upsampling of ``[N, C, H, W]`` as a broadcast copy: each pixel repeated into a 2 x 2 block.
+
+    The values are those of ``nn.Upsample(scale_factor=2, mode="nearest")`` (each output pixel a copy of one input
+    pixel, so bit for bit the same). What differs is the backward: ``upsample_nearest2d``'s backward is a scatter, and
+    under ``torch.compile`` a scatter with atomic adds (on an H200 pre-training step its three kernels took 8 % of the
+    GPU time, and atomic adds sum in no fixed order, so the gradient is not reproducible). Here the forward is
+    ``expand`` + ``reshape``, so the backward is ``expand``'s: a sum over each 2 x 2 block, a reduction in a fixed
+    order. A channels-last input is expanded in its NHWC layout, so the output stays channels-last as the
+    interpolation's does (and the convolution after it gets the layout it was given). A subclass of ``nn.Upsample``
+    without parameters or buffers: code that looks for an ``nn.Upsample`` still finds one, and the state dict's keys
+    (``upcat_<k>.upsample.1.weight`` ...) are those of the checkpoints written with ``nn.Upsample``."""
+
+    def __init__(self) -> None:
+        super().__init__(scale_factor=2.0, mode="nearest")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = input.shape[0], input.shape[1], input.shape[2], input.shape[3]
+        # channels-last only when the strides say so (a tensor that is both, e.g. of 1 x 1 pixels, is taken as
+        # contiguous, as the interpolation does); contiguous() after reshape: where a size is 1, reshape of the
+        # expanded tensor is a view with stride 0, not a copy
+        if input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous():
+            nhwc = input.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(n, h, 2, w, 2, c)
+            return nhwc.reshape(n, 2 * h, 2 * w, c).contiguous().permute(0, 3, 1, 2)
+        return input[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2 * h, 2 * w).contiguous()
 
 
 class UpCatPadIfNeeded(UpCat):

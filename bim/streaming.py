@@ -9,10 +9,10 @@ Why a store in host memory and not a ``DataLoader`` with workers: the samplers d
 the generator that then draws the batch's augmentation, so indices cannot be drawn ahead of the step without
 changing the random stream (a ``DataLoader`` prefetches indices ahead). Drawing them when the step asks, as on
 the device, keeps the batches identical on both paths for the same seed. What the host path adds per step is the
-gather of ``B`` slices into a pinned staging buffer (``B x H x W x 4`` bytes, about 10 MB for 18 slices of 384 x 384)
-and one host-to-device copy on a side stream; the CPU issues both while the GPU still runs the previous step's
+gather of ``B`` slices into a pinned staging buffer (``B x H x W x 4`` bytes, about 10 MB for 18 slices of 384 x 384;
+row by row in the calling thread, :func:`gather_rows`) and one host-to-device copy on a side stream; the CPU issues both while the GPU still runs the previous step's
 kernels, so the copy overlaps that step. ``tools/benchmark_streaming.py`` measures throughput and GPU busy time on
-both paths.
+both paths, and each part of a streamed batch on its own.
 """
 
 from __future__ import annotations
@@ -75,12 +75,37 @@ def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.pin_memory() if torch.cuda.is_available() and not t.is_pinned() else t
 
 
+def gather_rows(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[i] = src[idx[i]]`` for host tensors (``idx``: CPU indices of rows of ``src``), one row copy after the
+    other in the calling thread (through NumPy views of both tensors), and ``out``.
+
+    Why not ``torch.index_select(src, 0, idx, out=out)``: a row of more than 32,768 elements (a 384 x 384 slice has
+    147,456) makes each row's copy a parallel region of PyTorch's OpenMP pool. That pool has as many threads as
+    the cores OpenMP sees, which on a GPU server can be many more than the process may run at once (a container's
+    CPU quota, other processes on the same cores); the threads then wait for each other at every region, 18 times
+    per batch. On a 2-core machine, 32 threads made the gather of 18 such rows 18x slower (6.6 ms instead of 0.37 ms
+    with 2), and under a CPU quota, threads that wait by spinning use it up and the whole process can be held until
+    the next quota period (100 ms by default). One thread copies the ~10 MB of a batch in about 0.5 ms (same
+    machine), whatever the pool's size. Dtypes NumPy does not have (bfloat16) fall back to ``index_select``.
+    Indices are checked as ``index_select`` checks them (NumPy would wrap negative ones)."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= src.shape[0]):
+        raise IndexError(f"gather_rows: indices in [{int(idx.min())}, {int(idx.max())}], rows 0-{src.shape[0] - 1}")
+    try:
+        rows, into = src.numpy(), out.numpy()
+    except (TypeError, RuntimeError):  # no NumPy dtype, or a tensor NumPy cannot view
+        return torch.index_select(src, 0, idx, out=out)
+    for i, j in enumerate(idx.tolist()):
+        into[i] = rows[j]
+    return out
+
+
 class HostToDevice:
     """Gathers rows of host tensors and copies them to ``device``.
 
-    On CUDA each call gathers into one of ``slots`` pinned staging buffers, copies them with ``non_blocking`` on a
-    side stream, and makes the current stream wait for that copy on the GPU (the CPU does not wait). A staging
-    buffer is reused ``slots`` calls later, after its copy has finished. Elsewhere it is plain indexing."""
+    On CUDA each call gathers into one of ``slots`` pinned staging buffers (:meth:`gather`, :func:`gather_rows`),
+    copies them with ``non_blocking`` on a side stream, and makes the current stream wait for that copy on the GPU
+    (the CPU does not wait). A staging buffer is reused ``slots`` calls later, after its copy has finished (one
+    event per slot, made once). Elsewhere it is plain indexing."""
 
     def __init__(self, device: torch.device | str, slots: int = 3) -> None:
         self.device = torch.device(device)
@@ -94,8 +119,13 @@ class HostToDevice:
         shape = (rows, *like.shape[1:])
         buf = self.buffers[slot].get(key)
         if buf is None or tuple(buf.shape) != shape or buf.dtype != like.dtype:
-            buf = self.buffers[slot][key] = torch.empty(shape, dtype=like.dtype, pin_memory=True)
+            buf = self.buffers[slot][key] = torch.empty(shape, dtype=like.dtype, pin_memory=self.cuda)
         return buf
+
+    def gather(self, sources: dict[str, torch.Tensor], idx: torch.Tensor, slot: int = 0) -> dict[str, torch.Tensor]:
+        """``{key: source[idx]}`` in the host staging buffers of ``slot`` (pinned on CUDA; allocated once per slot,
+        key and shape). The caller makes sure no copy still reads them."""
+        return {key: gather_rows(src, idx, self._staging(slot, key, src, len(idx))) for key, src in sources.items()}
 
     def __call__(self, sources: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{key: source[idx]}`` on ``device`` (``idx``: CPU indices of rows of the host ``sources``)."""
@@ -103,18 +133,17 @@ class HostToDevice:
             return {k: t[idx].to(self.device) for k, t in sources.items()}
         slot = self.calls % len(self.buffers)
         self.calls += 1
-        if self.done[slot] is not None:
-            self.done[slot].synchronize()  # the copy that read this slot's buffers has finished
+        done = self.done[slot]
+        if done is not None:
+            done.synchronize()  # the copy that read this slot's buffers has finished
+        else:
+            done = self.done[slot] = torch.cuda.Event()
+        staged = self.gather(sources, idx, slot)
         compute = torch.cuda.current_stream(self.device)
-        out = {}
         with torch.cuda.stream(self.stream):
-            for key, src in sources.items():
-                buf = self._staging(slot, key, src, len(idx))
-                torch.index_select(src, 0, idx, out=buf)
-                out[key] = buf.to(self.device, non_blocking=True)
-            self.done[slot] = torch.cuda.Event()
-            self.done[slot].record(self.stream)
-        compute.wait_event(self.done[slot])
+            out = {key: buf.to(self.device, non_blocking=True) for key, buf in staged.items()}
+            done.record(self.stream)
+        compute.wait_event(done)
         for t in out.values():
             t.record_stream(compute)  # allocated on the side stream, used on the current one
         return out

@@ -17,7 +17,7 @@ from bim.gpu_augment import (
     random_affine_matrices,
     warp,
 )
-from bim.network import build_unet
+from bim.network import NearestUpsample2x, build_unet, unet_style_of
 from bim.pretrain.heads import ClusterHead
 from bim.pretrain import losses as L
 from bim.pretrain.trainer import dense_objectives
@@ -162,7 +162,7 @@ def test_authors_unet_has_relu_no_bias_bn_momentum_001_and_nearest_upsampling():
     assert not any(isinstance(m, (nn.LeakyReLU, nn.ConvTranspose2d)) for m in net.modules())
     for block in (net.upcat_4, net.upcat_3, net.upcat_2, net.upcat_1):
         up, conv = block.upsample[0], block.upsample[1]
-        assert isinstance(up, nn.Upsample) and up.mode == "nearest" and conv.kernel_size == (3, 3)
+        assert isinstance(up, NearestUpsample2x) and up.mode == "nearest" and conv.kernel_size == (3, 3)
     x = torch.rand(2, 1, 32, 32)
     assert net(x).shape == (2, 2, 32, 32)
     # weights round-trip into a fresh network of the same style (what a fine-tune loads)
@@ -184,6 +184,79 @@ def test_authors_decoder_features_are_post_relu():
 def test_a_bad_unet_style_names_the_key():
     with pytest.raises(ValueError, match="unet_style"):
         build_unet(1, 2, unet_style="keras")
+
+
+UPSAMPLE_INPUTS = [(shape, fmt) for shape in ((2, 3, 5, 7), (2, 3, 4, 6), (2, 1, 5, 7), (2, 3, 1, 1))
+                   for fmt in (torch.contiguous_format, torch.channels_last)]
+
+
+@pytest.mark.parametrize("shape, fmt", UPSAMPLE_INPUTS)
+def test_nearest_upsample_is_the_interpolation_bit_for_bit_in_its_memory_format(shape, fmt):
+    # odd and even sizes, one channel (both formats at once) and 1 x 1 pixels (both formats at once, and where
+    # reshape alone would return a stride-0 view)
+    x = torch.randn(shape).contiguous(memory_format=fmt)
+    ours, reference = NearestUpsample2x()(x), nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+    assert torch.equal(ours, reference)  # copies of the input's values: no rounding anywhere
+    for layout in (torch.contiguous_format, torch.channels_last):
+        assert ours.is_contiguous(memory_format=layout) == reference.is_contiguous(memory_format=layout), layout
+    if fmt == torch.channels_last and shape[1] > 1 and shape[2] > 1:
+        assert ours.is_contiguous(memory_format=torch.channels_last) and not ours.is_contiguous()
+
+
+@pytest.mark.parametrize("shape, fmt", UPSAMPLE_INPUTS)
+def test_nearest_upsample_gradient_is_the_interpolations(shape, fmt):
+    """Each input pixel's gradient is the sum of its 2 x 2 block's output gradients, here and in the interpolation;
+    only the order of the 3 additions may differ. In float64 with integer gradients every partial sum is exact, so
+    the two are equal. In float32 with real gradients each order is within 3 u sum|g| of the exact sum (u = eps / 2,
+    the unit roundoff, first order), so the two are within 2 x 3 u sum|g| = 3 eps sum|g| of each other, per pixel."""
+    g64 = torch.randint(-1000, 1000, (shape[0], shape[1], 2 * shape[2], 2 * shape[3]), dtype=torch.float64)
+    for g, exact in ((g64, True), (torch.randn(g64.shape), False)):
+        x = torch.randn(shape, dtype=g.dtype).contiguous(memory_format=fmt).requires_grad_(True)
+        (ours,) = torch.autograd.grad(NearestUpsample2x()(x), x, g)
+        (reference,) = torch.autograd.grad(nn.functional.interpolate(x, scale_factor=2, mode="nearest"), x, g)
+        if exact:
+            assert torch.equal(ours, reference)
+            continue
+        block_abs = nn.functional.avg_pool2d(g.double().abs(), 2) * 4  # sum|g| over each 2 x 2 block
+        bound = 3 * torch.finfo(torch.float32).eps * block_abs
+        assert bool(((ours.double() - reference.double()).abs() <= bound).all())
+
+
+def test_nearest_upsample_backward_is_a_sum_not_the_interpolations_scatter():
+    """The reason for the module: traced as torch.compile traces it (AOT autograd), the interpolation's backward is
+    an ``index_put`` with accumulation (a scatter; under inductor atomic adds, in no fixed order) and ours a ``sum``
+    over each 2 x 2 block."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    def backward_graph(module: nn.Module) -> str:
+        graphs = {}
+
+        def keep(name):
+            def compiler(gm, _inputs):
+                graphs[name] = gm.code
+                return make_boxed_func(gm.forward)
+            return compiler
+
+        x = torch.rand(2, 3, 5, 7).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        aot_function(module, fw_compiler=keep("forward"), bw_compiler=keep("backward"))(x).sum().backward()
+        return graphs["backward"]
+
+    reference, ours = backward_graph(nn.Upsample(scale_factor=2, mode="nearest")), backward_graph(NearestUpsample2x())
+    assert "index_put" in reference
+    assert "index_put" not in ours and "aten.sum" in ours
+
+
+def test_authors_checkpoints_written_with_nn_upsample_load_strictly():
+    features = (8, 8, 16, 16, 32, 8)
+    old = build_unet(1, 2, features=features, unet_style="authors")
+    for block in (old.upcat_4, old.upcat_3, old.upcat_2, old.upcat_1):
+        block.upsample[0] = nn.Upsample(scale_factor=2, mode="nearest")  # the decoder as it was written before
+    state = old.state_dict()
+    assert unet_style_of(state) == "authors"
+    new = build_unet(1, 2, features=features, unet_style="authors")
+    new.load_state_dict(state, strict=True)
+    x = torch.rand(2, 1, 32, 32)
+    assert torch.equal(new.eval()(x), old.eval()(x))  # the same weights, the same copies: the same output
 
 
 # ----------------------------------------------------------------------------------- L_CC on both maps, masks

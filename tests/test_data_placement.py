@@ -11,7 +11,7 @@ import torch
 
 from bim.data import PartitionBatchSampler, RandomSliceSampler, SliceStore
 from bim.distributed import scan_share, share_bounds, slice_share
-from bim.streaming import choose_placement, memory_budget_bytes
+from bim.streaming import HostToDevice, choose_placement, gather_rows, memory_budget_bytes
 
 
 def synthetic_store(depths=(5, 7, 6, 4, 8), size=12, labels=True, num_partitions=3) -> SliceStore:
@@ -87,6 +87,35 @@ def test_the_streamed_store_gives_the_same_batches_as_the_store_on_the_device(sa
         for key in on_device:
             assert streamed[key].device == on_device[key].device
             assert torch.equal(streamed[key], on_device[key]), key
+
+
+@pytest.mark.parametrize("dtype, shape", [(torch.float32, (30, 1, 9, 7)), (torch.uint8, (30, 1, 4, 4)),
+                                          (torch.int64, (30,)), (torch.bfloat16, (30, 2, 3))])
+def test_gather_rows_is_index_select_row_by_row(dtype, shape):
+    # bfloat16 has no NumPy twin: index_select itself; repeated and unsorted indices, the first and the last row
+    src = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 100).to(dtype)
+    idx = torch.tensor([29, 0, 7, 7, 13, 0])
+    out = torch.empty((len(idx), *shape[1:]), dtype=dtype)
+    assert gather_rows(src, idx, out) is out and torch.equal(out, torch.index_select(src, 0, idx))
+    empty = torch.empty((0, *shape[1:]), dtype=dtype)
+    assert gather_rows(src, idx[:0], empty).shape == empty.shape
+    for bad in (torch.tensor([3, 30]), torch.tensor([-1, 3])):  # NumPy would take row -1 (the last) silently
+        with pytest.raises(IndexError, match="gather_rows: indices"):
+            gather_rows(src, bad, out[:2])
+
+
+def test_host_to_device_gathers_into_staging_buffers_kept_per_slot():
+    store = synthetic_store()
+    mover = HostToDevice("cpu")
+    sources = {"image": store.image, "label": store.label, "scan": store.scan_index}
+    idx = torch.tensor([3, 1, 29])
+    staged = mover.gather(sources, idx, slot=1)
+    for key, src in sources.items():
+        assert torch.equal(staged[key], src[idx]), key
+    again = mover.gather(sources, torch.tensor([0, 2, 4]), slot=1)
+    assert all(again[k].data_ptr() == staged[k].data_ptr() for k in sources)  # allocated once per slot and key
+    other = mover.gather(sources, idx, slot=2)
+    assert all(other[k].data_ptr() != staged[k].data_ptr() for k in sources)
 
 
 def test_the_device_path_draws_what_it_drew_before_the_host_path_existed():

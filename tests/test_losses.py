@@ -338,6 +338,47 @@ def test_local_cross_correlation_matches_explicit_windows():
             assert abs(cc[0, 0, i, j].item() - expected) < 1e-9
 
 
+def _average_pool_box_sum(t, window):
+    """L_CC's box sums as they were computed before the separable form: a zero-padded window average x window**2."""
+    return F.avg_pool2d(t, window, stride=1, padding=window // 2, count_include_pad=True) * window**2
+
+
+def test_box_sum_is_zero_padded_at_every_border():
+    # an impulse's box sum is the indicator of the window around it, cut at the map's edges; integers: exact
+    for h, w, window in ((7, 9, 5), (3, 4, 5), (6, 6, 3)):
+        for i, j in ((0, 0), (h - 1, w - 1), (0, w // 2), (h // 2, w - 1)):
+            impulse = torch.zeros(1, 1, h, w)
+            impulse[0, 0, i, j] = 1.0
+            rows = (torch.arange(h) - i).abs() <= window // 2
+            cols = (torch.arange(w) - j).abs() <= window // 2
+            expected = (rows[:, None] & cols[None, :]).float()[None, None]
+            assert torch.equal(L._box_sum(impulse, window), expected)
+            assert torch.equal(_average_pool_box_sum(impulse, window), expected)  # the same semantics as before
+
+
+@pytest.mark.parametrize("h, w, window", [(20, 24, 5), (3, 4, 5), (9, 7, 3), (12, 11, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_separable_box_sum_and_its_gradient_are_the_average_pools_within_rounding(h, w, window, dtype):
+    """Same sums in another order. With u = eps / 2 (the dtype's unit roundoff) and S = the window's sum of |t|, to
+    first order: the average pool adds window**2 terms (window**2 - 1 roundings, any order), then divides and
+    multiplies by window**2 (2 more): <= (window**2 + 1) u S; the separable form adds window terms twice:
+    <= 2 (window - 1) u S. So the two differ by at most (window**2 + 2 window - 1) u S, border pixels included (the
+    padded zeros add nothing; a wrong padding would be off by whole values). The gradient of either is the box sum
+    of the output gradient (a zero-padded box sum is its own adjoint): the same bound with S = the window's sum of
+    |grad|. (3, 4, 5): the window is wider than the map on both sides."""
+    g = torch.Generator().manual_seed(h * w + window)
+    t = torch.randn(2, 3, h, w, generator=g, dtype=dtype).requires_grad_(True)
+    grad_out = torch.randn(2, 3, h, w, generator=g, dtype=dtype)
+    u = torch.finfo(dtype).eps / 2
+    for ours, reference, scale in (
+        (L._box_sum(t, window), _average_pool_box_sum(t, window), t.detach().abs()),
+        (torch.autograd.grad(L._box_sum(t, window), t, grad_out)[0],
+         torch.autograd.grad(_average_pool_box_sum(t, window), t, grad_out)[0], grad_out.abs()),
+    ):
+        bound = (window**2 + 2 * window - 1) * u * _average_pool_box_sum(scale.double(), window)
+        assert bool(((ours.double() - reference.double()).abs() <= bound).all())
+
+
 def _probs_with_entropy(target):
     """K = 2 probabilities whose (eps-)entropy equals ``target`` [B, 1, H, W] in (0, log 2), by bisection."""
     lo = torch.zeros_like(target, dtype=torch.float64)

@@ -4,30 +4,120 @@ GPU runs report (their numbers are measured on GPUs, not here)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
 
 from bundle_helpers import ROOT
 
 TINY = ["--iterations", "2", "--warmup", "1", "--scans_per_batch", "1", "--crop_size", "64", "--num_subheads", "1"]
 
 
-def _run(script: str, *args: str) -> dict:
+sys.path.insert(0, str(ROOT / "tools"))
+import benchmark_pretrain  # noqa: E402
+
+
+def _run_process(script: str, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / script), *TINY, *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _run(script: str, *args: str) -> dict:
+    proc = _run_process(script, *args)
     return json.loads(proc.stdout.strip().splitlines()[-1])  # the last line of stdout, the bundle's log above it
 
 
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def test_benchmark_pretrain_times_one_and_two_processes_with_the_same_per_process_batch(demo_dataset, tmp_path):
-    result = _run("benchmark_pretrain.py", "--dataset_dir", str(demo_dataset), "--output_dir", str(tmp_path),
-                  "--scaling", "1,2")
+    proc = _run_process("benchmark_pretrain.py", "--dataset_dir", str(demo_dataset), "--output_dir", str(tmp_path),
+                        "--scaling", "1,2", "--run_timeout_s", "800")
+    *per_count, result = _json_lines(proc.stdout)
     rows = result["scaling"]
+    assert per_count == rows and result["failed"] == []  # each count's line printed as it finished, then all
     assert [r["gpus"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0
     for r in rows:
         assert r["images_per_s_total"] > 0 and r["images_per_s_per_gpu"] * r["gpus"] == r["images_per_s_total"]
         assert r["scaling_efficiency"] == r["speedup"] / r["gpus"] and len(r["gpu_busy"]) == r["gpus"]
     assert result["settings"]["scans_per_batch"] == 1 and result["device"] == "cpu"
+    # the workers' progress, echoed with their rank: where a run that hangs stopped
+    for rank in ("0/2", "1/2"):
+        assert f"[benchmark rank {rank} " in proc.stderr
+    assert "warm-up done (1 steps), timing 2 steps" in proc.stderr and "timed steps done" in proc.stderr
+
+
+def test_a_scaling_run_that_times_out_is_ended_and_the_counts_that_finished_are_reported(monkeypatch, capsys):
+    """The 1-process run writes its result; the 2-process one hangs (a stand-in for a worker stuck in a collective):
+    it is ended after run_timeout_s, its last lines are printed, and the 1-process line is reported twice, as it
+    finished and at the end."""
+    step = {"images_per_s_total": 10.0, "images_per_s_per_gpu": 10.0, "ms_per_step_ranks": [5.0], "gpu_busy_ranks": [None]}
+    run = {"full_step": step, "settings": {"scans_per_batch": 1}, "device": "cpu"}
+
+    def command(n, argv, out):
+        finish = f"import json, pathlib; pathlib.Path({str(out)!r}).write_text({json.dumps(json.dumps(run))})"
+        hang = "import time; print('waiting for the other rank', flush=True); time.sleep(600)"
+        return [sys.executable, "-c", finish if n == 1 else hang]
+
+    monkeypatch.setattr(benchmark_pretrain, "torchrun_command", command)
+    monkeypatch.setattr(sys, "argv", ["benchmark_pretrain.py", "--scaling", "1,2", "--run_timeout_s", "3"])
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as stop:
+        benchmark_pretrain.scaling_run("1,2", None, run_timeout_s=3)
+    assert stop.value.code == 1 and time.perf_counter() - started < 60
+    out, err = capsys.readouterr()
+    first, result = _json_lines(out)
+    assert first == result["scaling"][0] and first["gpus"] == 1 and first["speedup"] == 1.0
+    assert result["failed"] == [{"gpus": 2, "error": "timed out after 3 s"}] and result["settings"] == run["settings"]
+    assert "the run on 2 processes timed out after 3 s" in err and "waiting for the other rank" in err
+
+
+def test_run_with_timeout_ends_the_command_and_the_processes_it_started(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time, pathlib; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); print('started', flush=True); "
+              "time.sleep(600)")
+    code, tail = benchmark_pretrain.run_with_timeout([sys.executable, "-c", script], dict(os.environ), timeout_s=5)
+    assert code is None and tail == ["started"]
+    child = int(pid_file.read_text())
+    deadline = time.time() + 20  # the grandchild is a zombie of nobody's until init reaps it: wait until it is gone
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.2)
+    assert not _alive(child)
+    assert benchmark_pretrain.run_with_timeout([sys.executable, "-c", "print('ok')"], dict(os.environ), 60) == (0, ["ok"])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_the_bare_unet_is_the_trainers(demo_dataset, tmp_path):
+    # the default trainer builds the authors' U-Net at the paper's widths: the bare U-Net is built the same way
+    result = _run("benchmark_pretrain.py", "--dataset_dir", str(demo_dataset), "--output_dir", str(tmp_path))
+    assert result["settings"]["unet_style"] == "authors"
+    assert result["settings"]["features"] == [32, 64, 128, 256, 512, 32]
+    bare = result["bare_unet_eager_bf16"]
+    assert (bare["unet_style"], bare["features"]) == ("authors", [32, 64, 128, 256, 512, 32])
+    # read from the network's weights, whatever wraps it: another style and widths are reported as they are
+    from bim.pretrain.model import BIMClusterNet, BIMPretrainNet
+
+    features = [8, 8, 16, 16, 32, 8]
+    net = BIMPretrainNet(BIMClusterNet(num_clusters=4, num_subheads=1, features=features, unet_style="monai"))
+    assert benchmark_pretrain.trained_unet(torch.compile(net)) == {"unet_style": "monai", "features": features}
 
 
 def test_benchmark_streaming_trains_on_the_same_batches_from_the_host_and_from_the_device(demo_dataset):
@@ -38,4 +128,9 @@ def test_benchmark_streaming_trains_on_the_same_batches_from_the_host_and_from_t
     device, host = result["device_store"], result["host_stream"]
     assert device["final_loss"] == host["final_loss"]  # the same batches, the same computation on a CPU
     assert host["images_per_s"] > 0 and host["batch_gather_copy_ms"] > 0
+    parts = host["batch_parts_ms"]  # each part of a streamed batch on its own
+    assert set(parts) == {"sample_indices", "host_gather", "host_gather_index_select", "host_to_device", "take"}
+    assert all(ms >= 0 for ms in parts.values()) and parts["host_gather"] > 0 and parts["take"] > 0
+    cpu = result["cpu"]
+    assert cpu["torch_threads"] >= 1 and cpu["cpu_count"] >= cpu["usable_cores"] >= 1
     assert result["host_vs_device"] == host["images_per_s"] / device["images_per_s"]

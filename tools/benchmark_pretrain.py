@@ -2,12 +2,16 @@
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
         [--channels_last True|False] [--decoder_pad if_needed|always] [--cudnn_deterministic True|False]
-        [--profile PATH --profile_steps 10]
+        [--profile PATH --profile_steps 10] [--scaling 1,2,4 --run_timeout_s 600]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
 augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
 steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
-crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``).
+crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``). The bare
+U-Net is the one the trainer trains: its ``unet_style`` ("authors" by default: nearest-neighbour x2 then a 3x3 conv in
+each decoder block) and ``features`` are read from the trainer's network, and the JSON reports them, in
+``settings`` and with each bare timing (with a 2-class 1x1 convolution as its head where pre-training has the
+cluster heads).
 ``--channels_last`` left out follows the bundle's default (channels-last on CUDA). ``--decoder_pad always`` puts
 back MONAI's ``UpCat``, which pads the upsampled features even by zero pixels, to measure what
 ``bim.network.UpCatPadIfNeeded`` (the default) saves. ``--cudnn_deterministic False`` lets cuDNN autotune
@@ -29,18 +33,27 @@ rank 0 prints the line; ``full_step`` adds ``gpus``, each rank's ms/step and GPU
 ``images_per_s_total`` (N x a step's images over the slowest rank's step time) and ``images_per_s_per_gpu``; the
 bare U-Net is left out unless ``--bare True``. ``--scaling 1,2,4`` runs the same command under ``torchrun`` once per
 count (one process: ``train.json`` alone, the one-GPU baseline; every process gets OMP_NUM_THREADS = CPU cores /
-the largest count unless it is set) and prints one JSON line: per count images/s in total and per GPU, the
-speed-up over the first count and the scaling efficiency (speed-up x first count / count). On a CPU the processes
-use gloo (a smoke test; the figures mean nothing there).
+the largest count unless it is set), each run at most ``--run_timeout_s`` seconds (600), its output echoed to
+stderr. As each count finishes, a JSON line of its own: images/s in total and per GPU, the speed-up over the first
+count that finished and the scaling efficiency (speed-up x that count / count). A run that fails or runs past the
+timeout is ended with all its processes, its last lines are printed, and the next count runs. At the end one JSON
+line with the finished counts and ``failed`` (the others and why; exit status 1 when there are any). On a CPU the
+processes use gloo (a smoke test; the figures mean nothing there).
+
+Each process prints progress lines on stderr, with its rank: trainer built, first step done (compilation
+included), warm-up done, timed steps done, results gathered; a run that hangs stops after the last of them.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +68,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def progress(message: str) -> None:
+    """One line on stderr, flushed, naming this process's rank (torchrun's environment): where a run that hangs
+    stopped (a ``--scaling`` run shows the last lines of a count that timed out)."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    sys.stderr.write(f"[benchmark rank {rank}/{world} {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
 
 
 def _device_time_us(event) -> float:
@@ -108,6 +129,7 @@ class StepTimer:
     def __init__(self, device, warmup: int, iterations: int, prof=None, profile_steps: int = 0):
         self.device, self.warmup, self.iterations = device, int(warmup), int(iterations)
         self.prof, self.profile_steps, self.marks, self.spans = prof, int(profile_steps), {}, []
+        self.created = time.perf_counter()
 
     def attach(self, engine) -> None:
         from ignite.engine import Events
@@ -127,9 +149,13 @@ class StepTimer:
         it, end = engine.state.iteration, self.warmup + self.iterations
         if self._timed(it):
             self.spans[-1][1].record()
+        if it == 1:
+            progress(f"step 1 done {time.perf_counter() - self.created:.1f} s after the start (compilation included)")
         if it in (self.warmup, end):
             _sync(self.device)
             self.marks["start" if it == self.warmup else "stop"] = time.perf_counter()
+            progress(f"warm-up done ({it} steps), timing {self.iterations} steps" if it == self.warmup else
+                     f"timed steps done: {self.seconds_per_step() * 1000:.1f} ms/step")
             if it == self.warmup and self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             if it == end and self.prof is not None:
@@ -154,7 +180,9 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     from bim.distributed import rank_and_world
     from bim.network import set_decoder_padding
 
+    progress("building the trainer")
     wf, trainer = build_trainer(overrides, store)
+    progress("trainer built, starting the steps")
     set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
     device = torch.device(trainer.state.device)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -166,7 +194,7 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     seconds = timer.seconds_per_step()
     batch = int(wf.parser.get_parsed_content("batch_size"))
     profiled = {"profile": profile_summary(prof, timer.marks["profiled"], device, profile)} if prof is not None else {}
-    step = {**profiled,
+    step = {**profiled, **trained_unet(trainer.network),
         "channels_last": bool(wf.parser.get_parsed_content("channels_last")),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "source_slices_per_step": batch,
@@ -179,8 +207,19 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
         "final_loss": float(trainer.state.output["loss"]),
     }
     step = combine_ranks(step)
+    progress("results gathered from every rank, finalising")
     wf.finalize()  # multi_gpu_train.json: barrier, then the process group ends
     return step
+
+
+def trained_unet(network: torch.nn.Module) -> dict:
+    """The U-Net inside the trainer's ``network`` (compiled, DDP-wrapped or not): its ``unet_style`` and
+    ``features``, read from its weights as inference reads them from a checkpoint (:func:`bim.network.unet_style_of`),
+    so the bare U-Net the step is compared with is the one the step trains."""
+    from bim.network import unet_features_of, unet_style_of
+
+    state = network.state_dict()
+    return {"unet_style": unet_style_of(state), "features": unet_features_of(state)}
 
 
 def combine_ranks(step: dict) -> dict:
@@ -197,13 +236,17 @@ def combine_ranks(step: dict) -> dict:
             "images_per_s_per_gpu": total / len(ranks)}
 
 
-def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, channels_last=False,
-                    decoder_pad: str = "if_needed") -> dict:
+def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compiled: bool, device, unet: dict,
+                    channels_last=False, decoder_pad: str = "if_needed") -> dict:
+    """Forward + backward + RAdam step of the U-Net alone (``unet``: the trainer's ``unet_style`` and ``features``,
+    :func:`trained_unet`; a 1x1 convolution to 2 classes as its head, where pre-training has its cluster heads) on
+    ``batch`` images of ``size``^2, bf16 autocast on CUDA."""
     from bim.engine import bf16_autocast
     from bim.network import build_unet, set_decoder_padding
 
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    net = set_decoder_padding(build_unet(out_channels=2), always=decoder_pad == "always").to(device=device, memory_format=fmt)
+    net = build_unet(out_channels=2, features=unet["features"], unet_style=unet["unet_style"])
+    net = set_decoder_padding(net, always=decoder_pad == "always").to(device=device, memory_format=fmt)
     opt = torch.optim.RAdam(net.parameters(), lr=1e-4)
     step_net = torch.compile(net) if compiled else net
     x = torch.rand(batch, 1, size, size, device=device).contiguous(memory_format=fmt)
@@ -220,7 +263,8 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
         opt.step()
     _sync(device)
     seconds = (time.perf_counter() - t0) / iterations
-    return {"batch": batch, "compiled": compiled, "channels_last": channels_last, "ms_per_step": 1000 * seconds, "images_per_s": batch / seconds,
+    return {"batch": batch, "compiled": compiled, "channels_last": channels_last, "unet_style": unet["unet_style"],
+            "features": list(unet["features"]), "ms_per_step": 1000 * seconds, "images_per_s": batch / seconds,
             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
 
 
@@ -251,11 +295,11 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool | None = None, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None,
-         scaling=None) -> None:
+         scaling=None, run_timeout_s: float = 600) -> None:
     from bim.flags import require_flags
 
     if scaling is not None:
-        return scaling_run(scaling, out)
+        return scaling_run(scaling, out, run_timeout_s)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     bare = world == 1 if bare is None else bare
     # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
@@ -277,23 +321,34 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
     result = {
         "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last,
                      "decoder_pad": decoder_pad, "cudnn_deterministic": full_step["cudnn_deterministic"],
-                     "num_subheads": num_subheads,
+                     "num_subheads": num_subheads, "unet_style": full_step["unet_style"],
+                     "features": full_step["features"],
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "command": ("torchrun ... " if world > 1 else "python ") + "tools/benchmark_pretrain.py " + " ".join(sys.argv[1:]),
         "full_step": full_step,
     }
-    batch = result["full_step"]["network_images_per_step"]
     if bare:  # the U-Net alone at the same batch: what the losses, augmentation and sampling add
-        result["bare_unet_eager_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, False, decoder_pad)
-        if channels_last:
-            result["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False, device, True,
-                                                                           decoder_pad)
-        if compile_bare:
-            result["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, channels_last,
-                                                                decoder_pad)
+        result.update(time_bare_unets(full_step, crop_size, iterations, warmup, device, compile_bare, decoder_pad))
     report(result, out)
+
+
+def time_bare_unets(full_step: dict, crop_size: int, iterations: int, warmup: int, device, compile_bare: bool,
+                    decoder_pad: str) -> dict:
+    """The bare U-Net timings of :func:`main`, at the full step's batch, of the trainer's U-Net (style and widths),
+    in eager mode (and channels-last where the step is), and compiled with ``compile_bare``."""
+    batch, channels_last = full_step["network_images_per_step"], full_step["channels_last"]
+    unet = {"unet_style": full_step["unet_style"], "features": full_step["features"]}
+    timed = {"bare_unet_eager_bf16": _time_bare_unet(batch, crop_size, iterations, warmup, False, device, unet, False,
+                                                     decoder_pad)}
+    if channels_last:
+        timed["bare_unet_eager_bf16_channels_last"] = _time_bare_unet(batch, crop_size, iterations, warmup, False,
+                                                                      device, unet, True, decoder_pad)
+    if compile_bare:
+        timed["bare_unet_compiled_bf16"] = _time_bare_unet(batch, crop_size, iterations, warmup, True, device, unet,
+                                                           channels_last, decoder_pad)
+    return timed
 
 
 def _argv_without(argv: list[str], names: tuple[str, ...]) -> list[str]:
@@ -311,10 +366,8 @@ def _argv_without(argv: list[str], names: tuple[str, ...]) -> list[str]:
     return kept
 
 
-def scaling_run(scaling, out: str | None) -> None:
-    """``--scaling 1,2,4``: this benchmark under ``torchrun --standalone --nproc_per_node N`` for each N in turn (the
-    other options passed on, the bare U-Net left out), then one JSON line: each N's images/s in total and per GPU,
-    its speed-up over the first N and the scaling efficiency (speed-up x first N / N)."""
+def scaling_counts(scaling) -> list[int]:
+    """``--scaling`` as a list of process counts (``1,2,4``, a tuple or a list), each >= 1, no more than the GPUs."""
     counts = [int(n) for n in (str(scaling).strip("()[] ").split(",") if not isinstance(scaling, (tuple, list))
                                 else scaling)]
     if not counts or min(counts) < 1:
@@ -322,29 +375,103 @@ def scaling_run(scaling, out: str | None) -> None:
     if torch.cuda.is_available() and max(counts) > torch.cuda.device_count():
         raise ValueError(f"scaling: {max(counts)} processes need {max(counts)} GPUs, this machine has "
                          f"{torch.cuda.device_count()}")
-    argv = _argv_without(sys.argv[1:], ("scaling", "out", "bare"))
+    return counts
+
+
+def torchrun_command(n: int, argv: list[str], out: Path) -> list[str]:
+    """This benchmark under ``torchrun`` on ``n`` processes, its JSON written to ``out``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+            str(Path(__file__).resolve()), *argv, "--bare", "False", "--out", str(out)]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End ``proc``'s process group (``torchrun`` and its workers): SIGTERM, then SIGKILL after 10 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_with_timeout(cmd: list[str], env: dict, timeout_s: float, keep_lines: int = 40) -> tuple[int | None, list[str]]:
+    """Run ``cmd`` in a process group of its own, its output (stdout and stderr) echoed to stderr as it comes.
+    Returns its exit status, or None when it ran past ``timeout_s`` and was ended with every process of its group
+    (also when this process is interrupted), and its last ``keep_lines`` lines."""
+    tail = collections.deque(maxlen=keep_lines)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def echo():
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    reader = threading.Thread(target=echo, daemon=True)
+    reader.start()
+    code = None
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    reader.join(timeout=10)
+    return code, list(tail)
+
+
+def scaling_row(n: int, run: dict, baseline: dict | None) -> dict:
+    """One count's line: images/s in total and per GPU, the slowest rank's ms/step, each rank's GPU busy share, and
+    the speed-up and scaling efficiency over ``baseline`` (the first count that finished; None: this is it)."""
+    step = run["full_step"]
+    first = baseline or {"gpus": n, "images_per_s_total": step["images_per_s_total"]}
+    speedup = step["images_per_s_total"] / first["images_per_s_total"]
+    return {"gpus": n, "images_per_s_total": step["images_per_s_total"],
+            "images_per_s_per_gpu": step["images_per_s_per_gpu"], "ms_per_step": max(step["ms_per_step_ranks"]),
+            "gpu_busy": step["gpu_busy_ranks"], "speedup": speedup,
+            "scaling_efficiency": speedup * first["gpus"] / n}
+
+
+def scaling_run(scaling, out: str | None, run_timeout_s: float = 600) -> None:
+    """``--scaling 1,2,4``: this benchmark under ``torchrun --standalone --nproc_per_node N`` for each N in turn (the
+    other options passed on, the bare U-Net left out), each run at most ``run_timeout_s`` seconds. As each N
+    finishes, its line (:func:`scaling_row`) is printed; a run that fails or times out is ended with its
+    processes, its last lines go to stderr, and the next N runs. At the end one JSON line: the lines of the Ns that
+    finished (speed-up and efficiency over the first of them) and ``failed``, the Ns that did not and why; the exit
+    status is 1 when any did not finish."""
+    counts = scaling_counts(scaling)
+    if isinstance(run_timeout_s, bool) or not isinstance(run_timeout_s, (int, float)) or not run_timeout_s > 0:
+        raise ValueError(f"run_timeout_s must be a positive number of seconds, got {run_timeout_s!r}")
+    argv = _argv_without(sys.argv[1:], ("scaling", "out", "bare", "run_timeout_s"))
     # every process the same CPU threads whatever N (torchrun would give 1 to each of several, all to one alone)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(counts))))}
-    runs = []
+    rows, failed, first_run = [], [], None
     for n in counts:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "run.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-                   str(Path(__file__).resolve()), *argv, "--bare", "False", "--out", str(path)]
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
-            if proc.returncode != 0 or not path.is_file():
-                sys.stderr.write(proc.stdout[-4000:])
-                raise SystemExit(f"error: the run on {n} processes failed (exit {proc.returncode}): {' '.join(cmd)}")
-            runs.append(json.loads(path.read_text()))
-    first = runs[0]["full_step"]["images_per_s_total"]
-    table = [{"gpus": n, "images_per_s_total": r["full_step"]["images_per_s_total"],
-              "images_per_s_per_gpu": r["full_step"]["images_per_s_per_gpu"],
-              "ms_per_step": max(r["full_step"]["ms_per_step_ranks"]), "gpu_busy": r["full_step"]["gpu_busy_ranks"],
-              "speedup": r["full_step"]["images_per_s_total"] / first,
-              "scaling_efficiency": r["full_step"]["images_per_s_total"] / first * counts[0] / n}
-             for n, r in zip(counts, runs)]
-    report({"scaling": table, "settings": runs[0]["settings"], "device": runs[0]["device"], "torch": torch.__version__,
+            cmd = torchrun_command(n, argv, path)
+            code, tail = run_with_timeout(cmd, env, run_timeout_s)
+            if code != 0 or not path.is_file():
+                why = f"timed out after {run_timeout_s} s" if code is None else f"failed (exit {code})"
+                sys.stderr.write(f"error: the run on {n} processes {why}: {' '.join(cmd)}\nits last lines:\n"
+                                 + "\n".join(tail) + "\n")
+                failed.append({"gpus": n, "error": why})
+                continue
+            run = json.loads(path.read_text())
+        first_run = first_run or run
+        rows.append(scaling_row(n, run, rows[0] if rows else None))
+        print(json.dumps(rows[-1]), flush=True)
+    report({"scaling": rows, "failed": failed, "settings": first_run["settings"] if first_run else None,
+            "device": first_run["device"] if first_run else None, "torch": torch.__version__,
             "command": "python tools/benchmark_pretrain.py " + " ".join(sys.argv[1:])}, out)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

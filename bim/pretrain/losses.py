@@ -445,6 +445,22 @@ def normalised_entropy_map(p: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     return _minmax_normalise(h, eps)
 
 
+def _box_sum(t: torch.Tensor, window: int) -> torch.Tensor:
+    """Sum of ``t`` over the ``window x window`` box around each pixel, zero outside the map: what
+    ``F.avg_pool2d(t, window, 1, window // 2, count_include_pad=True) * window**2`` gives (its divisor is
+    ``window**2`` at every pixel, border included: with stride 1 and padding ``window // 2`` no window reaches
+    beyond the padding), up to rounding.
+
+    Computed as a ``(window, 1)`` then a ``(1, window)`` window sum (``divisor_override=1``: sums, no
+    division), so each pixel adds ``2 x window`` terms instead of ``window**2``, in the forward and in the
+    backward (a zero-padded box sum is its own adjoint). On a 224 x 224 pre-training step (H200, compiled) the
+    backward of L_CC's three 5 x 5 box sums that need a gradient, one fused kernel, took ~10 % of the GPU time:
+    per pixel 75 gathered terms, each with its own window-bounds arithmetic."""
+    pad = window // 2
+    rows = F.avg_pool2d(t, (window, 1), stride=1, padding=(pad, 0), divisor_override=1)
+    return F.avg_pool2d(rows, (1, window), stride=1, padding=(0, pad), divisor_override=1)
+
+
 def local_cross_correlation(
     a: torch.Tensor, b: torch.Tensor, window: int = 5, eps: float = EPS
 ) -> torch.Tensor:
@@ -456,7 +472,7 @@ def local_cross_correlation(
 
     :math:`\mathcal{N}(i)` is a ``window x window`` box with zero padding ``window // 2``
     (VoxelMorph style, ``n = window**2`` even at the border).  With box sums
-    ``S_a, S_b, S_ab, S_aa, S_bb`` and means ``u_a = S_a / n``:
+    ``S_a, S_b, S_ab, S_aa, S_bb`` (:func:`_box_sum`, separable) and means ``u_a = S_a / n``:
     ``cross = S_ab - u_b S_a - u_a S_b + u_a u_b n``, ``var_a = S_aa - 2 u_a S_a + u_a^2 n``
     (same for b).  As in the authors' code, ``cross``, ``var_a`` and ``var_b`` are clamped
     (out-of-place) to >= ``eps`` = 1e-5, so: negative correlation counts as none (0), and a window
@@ -482,13 +498,8 @@ def local_cross_correlation(
         x = _to_float(a)
         y = _to_float(b).to(x.dtype)
         n = float(window * window)
-        pad = window // 2
-
-        def box_sum(t: torch.Tensor) -> torch.Tensor:
-            return F.avg_pool2d(t, window, stride=1, padding=pad, count_include_pad=True) * n
-
-        s_a, s_b = box_sum(x), box_sum(y)
-        s_ab, s_aa, s_bb = box_sum(x * y), box_sum(x * x), box_sum(y * y)
+        s_a, s_b = _box_sum(x, window), _box_sum(y, window)
+        s_ab, s_aa, s_bb = _box_sum(x * y, window), _box_sum(x * x, window), _box_sum(y * y, window)
         u_a, u_b = s_a / n, s_b / n
         cross = s_ab - u_b * s_a - u_a * s_b + u_a * u_b * n
         var_a = s_aa - 2.0 * u_a * s_a + u_a * u_a * n
