@@ -210,7 +210,7 @@ def test_checkpoints_record_the_settings_so_a_changed_run_is_not_resumed(demo_da
     base = fingerprint()
     assert fingerprint(log_every=7, progress_bar=False) == base
     for change in ({"learning_rate": 0.01}, {"alpha": 0.25}, {"epochs": 6}, {"seed": 1},
-                   {"loss_weights#cc": 0.0}, {"unet_style": "authors"}):
+                   {"loss_weights#cc": 0.0}, {"unet_style": "monai"}, {"bn_momentum": 0.1}):
         assert fingerprint(**change) != base, change
     train = json.loads((BUNDLES / "pretrain_bim" / "configs" / "train.json").read_text())
     handlers = {h["_target_"]: h for h in train["train"]["handlers"]}
