@@ -134,3 +134,24 @@ def test_benchmark_streaming_trains_on_the_same_batches_from_the_host_and_from_t
     cpu = result["cpu"]
     assert cpu["torch_threads"] >= 1 and cpu["cpu_count"] >= cpu["usable_cores"] >= 1
     assert result["host_vs_device"] == host["images_per_s"] / device["images_per_s"]
+
+
+@pytest.mark.parametrize("bundle", ["finetune_seg", "meanteacher_seg"])
+def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses_for_the_same_seed(demo_dataset, bundle):
+    """tools/benchmark_finetune.py builds the bundle's train#trainer (meanteacher_seg: with its mean_teacher variant)
+    and times iterations after the warm-up; two runs with the bundle's seed see the same first losses, so two
+    versions of a bundle can be compared on one run."""
+    import benchmark_finetune
+
+    kwargs = dict(bundle=bundle, dataset_dir=str(demo_dataset), iterations=6, warmup=2, features=[4, 4, 8, 8, 16, 4],
+                  crop_size=32)
+    first, second = benchmark_finetune.measure(**kwargs), benchmark_finetune.measure(**kwargs)
+    assert first["ms_per_iteration"] > 0 and first["iterations"] == 6
+    assert first["labelled_per_iteration"] == 5
+    assert first["unlabelled_per_iteration"] == (5 if bundle == "meanteacher_seg" else 0)
+    assert len(first["first_losses"]) == 5 and all(0 < x < 10 for x in first["first_losses"])
+    assert first["first_losses"] == second["first_losses"]
+    if bundle == "meanteacher_seg":
+        assert first["variant"] == "mean_teacher"
+    with pytest.raises(SystemExit, match="--bundle must be one of"):
+        benchmark_finetune.measure(bundle="pretrain_bim")
