@@ -84,10 +84,28 @@ def uncertainty_threshold(iteration: float, total_iterations: float, num_classes
 # ----------------------------------------------------------------------------------------------------- teacher
 
 
-def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool = False) -> AveragedModel:
-    """The Mean Teacher: an :class:`~torch.optim.swa_utils.AveragedModel` of ``network`` (DDP/compile wrappers are
-    unwrapped) holding ``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for the parameters, updated
-    by one vectorised ``torch._foreach_lerp_`` per call of ``teacher.update_parameters(student)``.
+class EMATeacher(AveragedModel):
+    """torch's :class:`~torch.optim.swa_utils.AveragedModel` of the student with an EMA update that never waits for
+    the GPU: AveragedModel's own ``update_parameters`` tests its ``n_averaged`` counter (a device tensor) on the host
+    twice per call, two GPU-to-host synchronisations per training step. Same state dict, same arithmetic (one
+    ``torch._foreach_lerp_`` of the parameters, one ``torch._foreach_copy_`` of the buffers)."""
+
+    def update_parameters(self, model: nn.Module) -> None:
+        """``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for the parameters, the buffers copied
+        (``use_buffers`` true, EMA-averaged buffers: AveragedModel's update). The first update (the copy) is done by
+        :func:`ema_teacher`, so every call here is an EMA step."""
+        if self.use_buffers:
+            return super().update_parameters(model)
+        mine = [p.detach() for p in self.module.parameters()]
+        torch._foreach_lerp_(mine, [p.detach() for p in model.parameters()], 1.0 - self.decay)
+        torch._foreach_copy_([b.detach() for b in self.module.buffers()], [b.detach() for b in model.buffers()])
+        self.n_averaged += 1
+
+
+def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool = False) -> EMATeacher:
+    """The Mean Teacher: an :class:`EMATeacher` (torch's :class:`~torch.optim.swa_utils.AveragedModel`) of ``network``
+    (DDP/compile wrappers are unwrapped) holding ``teacher_t = decay * teacher_{t-1} + (1 - decay) * student_t`` for
+    the parameters, updated by one vectorised ``torch._foreach_lerp_`` per call of ``teacher.update_parameters(student)``.
 
     BatchNorm: :class:`SemiSupervisedMethod` runs the teacher with *batch* statistics (as Tarvainen & Valpola's and
     SSL4MIS's Mean Teacher do), so its predictions never depend on running statistics. The buffers (running
@@ -97,17 +115,17 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     batch statistics, by ~1 / (1 - decay) iterations, which made an eval-mode teacher useless for hundreds of
     iterations (running variances from the initialisation, 1.0, against true variances ~0.01).
 
-    It starts equal to the student (so a ``pretrained`` student initialises both networks): the first
-    ``update_parameters`` of AveragedModel copies, and is done here, so every later call is an EMA step. The
-    teacher has no gradients and is kept in eval mode between steps."""
+    It starts equal to the student (so a ``pretrained`` student initialises both networks): the first update, the
+    copy, is AveragedModel's and is done here, so every later call is an EMA step. The teacher has no gradients and
+    is kept in eval mode between steps."""
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
     student = unwrap(network)
-    teacher = AveragedModel(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=bool(average_buffers))
-    teacher.update_parameters(student)  # n_averaged 0 -> 1: the copy
+    teacher = EMATeacher(student, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=bool(average_buffers))
+    teacher.decay = float(decay)
+    AveragedModel.update_parameters(teacher, student)  # n_averaged 0 -> 1: the copy
     teacher.requires_grad_(False)
     teacher.eval()
-    teacher.decay = float(decay)
     return teacher
 
 
@@ -326,7 +344,7 @@ class StepSettings:
     (run the teacher's forwards through ``torch.compile(teacher.module, mode=compile_mode)``: the compiled module
     shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode)."""
 
-    def __init__(self, augment, optimizer: torch.optim.Optimizer, num_classes: int, teacher: AveragedModel | None = None,
+    def __init__(self, augment, optimizer: torch.optim.Optimizer, num_classes: int, teacher: EMATeacher | None = None,
                  rampup_iterations: int = 0, supervised_loss_function=None, bf16: bool = True,
                  channels_last: bool = True, compile_teacher: bool = False, compile_mode: str | None = None) -> None:
         if int(num_classes) < 2:

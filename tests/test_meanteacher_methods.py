@@ -135,6 +135,37 @@ def test_bundle_decay_is_099_and_uses_averaged_model():
     assert not teacher.use_buffers and int(teacher.n_averaged) == 1  # buffers copied, not averaged
 
 
+class _NoHostRead(torch.Tensor):
+    """A tensor that fails when read on the host (``bool``): on a GPU such a read waits for the device."""
+
+    def __bool__(self):
+        raise AssertionError("read on the host")
+
+
+def test_the_teachers_ema_update_equals_averaged_models_and_never_reads_its_counter_on_the_host():
+    """EMATeacher.update_parameters: AveragedModel's arithmetic and state dict, without AveragedModel's two host
+    reads of n_averaged per call (two GPU synchronisations per training step)."""
+    torch.manual_seed(0)
+    student = build_unet(out_channels=2, features=TINY)
+    ours, reference = ss.ema_teacher(student, 0.9), torch.optim.swa_utils.AveragedModel(
+        student, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9), use_buffers=False)
+    reference.update_parameters(student)  # the copy
+    assert isinstance(ours, ss.EMATeacher) and set(ours.state_dict()) == set(reference.state_dict())
+    ours.n_averaged = ours.n_averaged.as_subclass(_NoHostRead)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in student.parameters():
+                p.add_(torch.randn_like(p))
+        student.train()(torch.rand(2, 1, 32, 32))  # moves BatchNorm's running statistics
+        ours.update_parameters(student)
+        reference.update_parameters(student)
+    for (k, a), b in zip(ours.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a.as_subclass(torch.Tensor), b, rtol=0, atol=0, msg=k)
+    assert int(ours.n_averaged.as_subclass(torch.Tensor)) == 4
+    with pytest.raises(AssertionError, match="read on the host"):  # what AveragedModel's own update does
+        torch.optim.swa_utils.AveragedModel.update_parameters(ours, student)
+
+
 def test_teacher_with_the_students_weights_predicts_what_the_student_predicts():
     """Regression: the teacher ran in eval mode on EMA-averaged BatchNorm running statistics, which lag the
     student's (themselves an EMA of batch statistics) by ~1/(1-decay) iterations; from a random initialisation
