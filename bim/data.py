@@ -20,6 +20,7 @@ from monai.config import KeysCollection
 from monai.data import CacheDataset, Dataset
 from monai.transforms import Compose, EnsureTyped, LoadImaged
 
+from .gpu_augment import host_to_device
 from .streaming import HostToDevice, choose_placement, pinned
 
 logger = logging.getLogger("bim")
@@ -194,8 +195,7 @@ class SliceStore:
         indices; on a streamed store gathered on the host and copied, see :class:`bim.streaming.HostToDevice`)."""
         if self.stream is not None:
             return self.stream({k: getattr(self, name) for k, name in fields.items()}, idx)
-        device = self.image.device  # on CUDA from pinned memory: the copy does not wait for the GPU's queue
-        idx = idx.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else idx.to(device)
+        idx = host_to_device(idx, self.image.device)
         return {k: getattr(self, name)[idx] for k, name in fields.items()}
 
     def slice_range(self, start: int, stop: int) -> SliceStore:

@@ -18,6 +18,17 @@ import torch.nn.functional as F
 from .flags import as_flag, require_choice
 
 
+def host_to_device(t: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t`` (drawn or built on the host) on ``device``, as ``dtype``. To a GPU it goes from page-locked memory
+    without blocking: a blocking host-to-device copy synchronises the stream, so the CPU would wait for all the GPU
+    work queued before it (augmentation and loss parameters are copied several times per step, some between a
+    forward and its loss). A tensor already on the device is only cast."""
+    t = t if dtype is None else t.to(dtype)
+    if torch.device(device).type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _uniform(n: int, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
     return low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
 
@@ -88,7 +99,7 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
     if x.ndim != 4:
         raise ValueError(f"warp expects a [B, C, H, W] tensor, got shape {tuple(x.shape)}")
     out_hw = tuple(x.shape[-2:]) if out_hw is None else tuple(out_hw)
-    theta = matrices[:, :2, :].to(device=x.device, dtype=torch.float32)
+    theta = host_to_device(matrices[:, :2, :], x.device, torch.float32)
     grid = F.affine_grid(theta, [x.shape[0], 1, *out_hw], align_corners=False)
     if x.dtype in (torch.uint8, torch.int64, torch.int32, torch.bool):
         if mode != "nearest":
@@ -102,7 +113,7 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
 def random_gamma(x: torch.Tensor, generator: torch.Generator | None = None, gamma_range=(0.5, 2.0)) -> torch.Tensor:
     """Per-image gamma correction x^gamma, gamma log-uniform in ``gamma_range`` (x is expected in [0, 1])."""
     lo, hi = math.log(gamma_range[0]), math.log(gamma_range[1])
-    gamma = torch.exp(_uniform(x.shape[0], lo, hi, generator)).to(device=x.device, dtype=x.dtype)
+    gamma = host_to_device(torch.exp(_uniform(x.shape[0], lo, hi, generator)), x.device, x.dtype)
     return x.clamp_min(0).pow(gamma.view(-1, *([1] * (x.ndim - 1))))
 
 
@@ -110,8 +121,8 @@ def random_intensity_jitter(
     x: torch.Tensor, generator: torch.Generator | None = None, brightness: float = 0.1, contrast: float = 0.1
 ) -> torch.Tensor:
     """Per-image contrast and brightness jitter: x * (1 + c) + b, c in ±contrast, b in ±brightness."""
-    c = _uniform(x.shape[0], -contrast, contrast, generator).to(device=x.device, dtype=x.dtype)
-    b = _uniform(x.shape[0], -brightness, brightness, generator).to(device=x.device, dtype=x.dtype)
+    c = host_to_device(_uniform(x.shape[0], -contrast, contrast, generator), x.device, x.dtype)
+    b = host_to_device(_uniform(x.shape[0], -brightness, brightness, generator), x.device, x.dtype)
     shape = (-1, *([1] * (x.ndim - 1)))
     return x * (1 + c.view(shape)) + b.view(shape)
 
@@ -124,8 +135,8 @@ def brightness_contrast_jitter(
     b and c drawn independently from ``U(factor_range)`` for every image (the authors' view jitter: [0.5, 1.5])."""
     lo, hi = float(factor_range[0]), float(factor_range[1])
     shape = (-1, *([1] * (x.ndim - 1)))
-    b = _uniform(x.shape[0], lo, hi, generator).to(device=x.device, dtype=x.dtype).view(shape)
-    c = _uniform(x.shape[0], lo, hi, generator).to(device=x.device, dtype=x.dtype).view(shape)
+    b = host_to_device(_uniform(x.shape[0], lo, hi, generator), x.device, x.dtype).view(shape)
+    c = host_to_device(_uniform(x.shape[0], lo, hi, generator), x.device, x.dtype).view(shape)
     x = (x * b).clamp(0.0, 1.0)
     mean = x.mean(dim=tuple(range(1, x.ndim)), keepdim=True)
     return (c * x + (1 - c) * mean).clamp(0.0, 1.0)
@@ -240,7 +251,7 @@ class EquivariantPairTransform:
 
     def apply_image(self, x: torch.Tensor, params: PairParams) -> torch.Tensor:
         if params.gamma_image is not None:
-            g = params.gamma_image.to(device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
+            g = host_to_device(params.gamma_image, x.device, x.dtype).view(-1, 1, 1, 1)
             x = x.clamp_min(0).pow(g)
         return warp(x, params.affine, mode=self.interpolation)
 

@@ -52,7 +52,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from .data import RandomSliceSampler, SliceStore, read_items
 from .engine import bf16_autocast, unwrap
 from .flags import as_flag
-from .gpu_augment import random_affine_matrices, warp
+from .gpu_augment import host_to_device, random_affine_matrices, warp
 from .inference import is_prepared
 from .pretrain.losses import _fp32_context, _prepare_mask, _require_4d, _require_same_shape, entropy
 from .segmentation import labelled_cross_entropy
@@ -233,7 +233,7 @@ def mix(a: torch.Tensor, b: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     if a.shape != b.shape or lam.shape != a.shape[:1]:
         raise ValueError(f"mix: expected a and b of one shape and lam [B], got {tuple(a.shape)}, {tuple(b.shape)}, "
                          f"{tuple(lam.shape)}")
-    lam = lam.to(device=a.device, dtype=a.dtype).view(-1, *([1] * (a.ndim - 1)))
+    lam = host_to_device(lam, a.device, a.dtype).view(-1, *([1] * (a.ndim - 1)))
     return lam * a + (1 - lam) * b
 
 
@@ -619,8 +619,8 @@ class MixingMethod(SemiSupervisedMethod):
     def mix_pairs(self, x: torch.Tensor, target: torch.Tensor, alpha: float):
         """Mixup of each sample with a random partner: ``(mix(x, x[perm], lam), mix(target, target[perm], lam),
         lam, perm)``, ``lam`` [B] ~ Beta(alpha, alpha), ``perm`` a random permutation of the batch."""
-        perm = torch.randperm(x.shape[0], generator=self.generator).to(x.device)
-        lam = sample_beta(alpha, x.shape[0]).to(x.device)
+        perm = host_to_device(torch.randperm(x.shape[0], generator=self.generator), x.device)
+        lam = host_to_device(sample_beta(alpha, x.shape[0]), x.device)
         return mix(x, x[perm], lam), mix(target, target[perm], lam), lam, perm
 
 

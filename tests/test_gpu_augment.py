@@ -108,3 +108,18 @@ def test_valid_mask_marks_pixels_sampled_from_inside():
     warped = t.apply_image(x, params)
     assert torch.all(warped[mask.bool()] > 0.999)
     assert 0.5 < mask.mean() < 0.9  # zoom-out by 0.8 leaves a zero border
+
+
+def test_host_to_device_casts_and_places_without_changing_values():
+    """bim.gpu_augment.host_to_device: the host-drawn parameters of a step (matrices, gamma, jitter, indices) on the
+    step's device in the dtype asked for (on a GPU through pinned memory, so the copy does not wait for the GPU)."""
+    from bim.gpu_augment import host_to_device
+
+    t = torch.rand(3, 2, 3, dtype=torch.float64)
+    out = host_to_device(t[:, :2, :], torch.device("cpu"), torch.float32)
+    assert out.dtype == torch.float32 and out.device.type == "cpu" and torch.equal(out, t[:, :2, :].float())
+    idx = torch.arange(4)
+    assert torch.equal(host_to_device(idx, "cpu"), idx) and host_to_device(idx, "cpu").dtype == torch.int64
+    if torch.cuda.is_available():
+        on_gpu = host_to_device(t, "cuda", torch.float32)
+        assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), t.float())

@@ -27,6 +27,8 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
+from ..gpu_augment import host_to_device
+
 __all__ = [
     "EPS",
     "joint_distribution",
@@ -385,7 +387,7 @@ def sobel_edge_map(image: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     with _fp32_context(image):
         x = _to_float(image)
         b, c, h, w = x.shape
-        sx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=x.dtype, device=x.device)
+        sx = host_to_device(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]), x.device, x.dtype)
         kernels = torch.stack([sx, sx.t()]).unsqueeze(1)  # [2, 1, 3, 3]
         padded = F.pad(x.reshape(b * c, 1, h, w), (1, 1, 1, 1), mode="replicate")
         grad = F.conv2d(padded, kernels)  # [B*C, 2, H, W]
@@ -609,7 +611,7 @@ def supervised_contrastive_loss(
         self_mask = torch.eye(m, dtype=torch.bool, device=x.device)
         log_denominator = torch.logsumexp(sim.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
         log_prob = sim - log_denominator
-        lab = labels.to(x.device)
+        lab = host_to_device(labels, x.device)
         positives = (lab.unsqueeze(0) == lab.unsqueeze(1)) & ~self_mask
         n_pos = positives.sum(dim=1)
         mean_log_prob = torch.where(positives, log_prob, torch.zeros_like(log_prob)).sum(dim=1) / n_pos.clamp_min(1)
@@ -737,7 +739,7 @@ def local_contrastive_loss(
         gw = f_hat.shape[-1]
         n_anchor = min(num_anchors, g2)
         rand_device = generator.device if generator is not None else fa.device
-        noise = torch.rand(bsz, g2, generator=generator, device=rand_device).to(fa.device)
+        noise = host_to_device(torch.rand(bsz, g2, generator=generator, device=rand_device), fa.device)
         idx = noise.argsort(dim=1)[:, :n_anchor]  # [B, A]
         gather_idx = idx.unsqueeze(-1).expand(-1, -1, dim)
         anchors_a = fa.gather(1, gather_idx)  # [B, A, D]
