@@ -22,9 +22,10 @@ def host_to_device(t: torch.Tensor, device: torch.device | str, dtype: torch.dty
     """``t`` (drawn or built on the host) on ``device``, as ``dtype``. To a GPU it goes from page-locked memory
     without blocking: a blocking host-to-device copy synchronises the stream, so the CPU would wait for all the GPU
     work queued before it (augmentation and loss parameters are copied several times per step, some between a
-    forward and its loss). A tensor already on the device is only cast."""
+    forward and its loss). A tensor already on the device is only cast; inside ``torch.compile`` a plain copy (the
+    compiled code places it)."""
     t = t if dtype is None else t.to(dtype)
-    if torch.device(device).type == "cuda" and t.device.type == "cpu":
+    if torch.device(device).type == "cuda" and t.device.type == "cpu" and not torch.compiler.is_compiling():
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
 

@@ -387,7 +387,7 @@ def sobel_edge_map(image: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     with _fp32_context(image):
         x = _to_float(image)
         b, c, h, w = x.shape
-        sx = host_to_device(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]), x.device, x.dtype)
+        sx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=x.dtype, device=x.device)
         kernels = torch.stack([sx, sx.t()]).unsqueeze(1)  # [2, 1, 3, 3]
         padded = F.pad(x.reshape(b * c, 1, h, w), (1, 1, 1, 1), mode="replicate")
         grad = F.conv2d(padded, kernels)  # [B*C, 2, H, W]
