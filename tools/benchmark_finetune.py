@@ -7,7 +7,8 @@ Builds the bundle's own ``train#trainer`` from its ``configs/train.json`` (meant
 ``configs/variants/<variant>.json``) with ``monai.bundle``'s ConfigWorkflow, exactly as ``monai.bundle run``
 does, and runs one epoch of ``warmup + iterations`` iterations; the clock covers the last ``iterations`` (after
 ``torch.cuda.synchronize``), so compilation and CUDA-graph recording stay out of it, and validation (at the end of
-the epoch) too. Every other ``--KEY VALUE`` is a bundle option (``--compile False``, ``--pretrained PATH``,
+the epoch) and checkpoints (``save_every`` is set past the last iteration, a multiple of ``log_every``, unless
+given) too. Every other ``--KEY VALUE`` is a bundle option (``--compile False``, ``--pretrained PATH``,
 ``--features "[8, 8, 16, 16, 32, 8]"``). Without ``--dataset_dir`` it runs on the demo phantoms.
 
 Prints one JSON line: device, ``ms_per_iteration``, labelled (and unlabelled) images per iteration and per
@@ -89,6 +90,8 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
             from data_prep import ensure_demo_dataset
 
             dataset_dir = str(ensure_demo_dataset(Path(tmp) / "demo"))
+        log_every = int(options.get("log_every", 20))  # the bundle's default; a checkpoint-free window below
+        options.setdefault("save_every", log_every * ((int(warmup) + int(iterations)) // log_every + 1))
         workflow = ConfigWorkflow(config_file=files, workflow_type="train", bundle_root=str(ROOT / "bundles" / bundle),
                                   dataset_dir=str(dataset_dir), output_dir=str(Path(tmp) / "run"), epochs=1,
                                   iters_per_epoch=int(warmup) + int(iterations), progress_bar=False, **options)
