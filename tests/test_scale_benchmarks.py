@@ -155,3 +155,18 @@ def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses
         assert first["variant"] == "mean_teacher"
     with pytest.raises(SystemExit, match="--bundle must be one of"):
         benchmark_finetune.measure(bundle="pretrain_bim")
+
+
+@pytest.mark.parametrize("method, unlabelled", [("mean_teacher", 2), ("supervised", 0)])
+def test_benchmark_meanteacher_times_the_methods_step_and_counts_its_student_images(method, unlabelled):
+    """tools/benchmark_meanteacher.py in a CPU smoke mode: one JSON line; the student images per step count the
+    unlabelled batch only for a method that uses it; the teacher is compiled only with --compile (as the bundle)."""
+    args = ["--method", method, "--batch_size", "2", "--unlabelled_batch_size", str(unlabelled), "--size", "32",
+            "--iterations", "2", "--warmup", "1", "--features", "4,4,8,8,16,4"]
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["method"] == method and result["ms_per_step"] > 0
+    assert result["student_images_per_step"] == 2 + unlabelled
+    assert result["compile"] is False and result["compile_teacher"] is False
