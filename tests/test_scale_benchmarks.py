@@ -158,11 +158,14 @@ def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses
 
 
 @pytest.mark.parametrize("method, unlabelled", [("mean_teacher", 2), ("supervised", 0)])
-def test_benchmark_meanteacher_times_the_methods_step_and_counts_its_student_images(method, unlabelled):
+def test_benchmark_meanteacher_times_the_methods_step_and_counts_its_student_images(method, unlabelled, tmp_path):
     """tools/benchmark_meanteacher.py in a CPU smoke mode: one JSON line; the student images per step count the
-    unlabelled batch only for a method that uses it; the teacher is compiled only with --compile (as the bundle)."""
+    unlabelled batch only for a method that uses it; the teacher is compiled only with --compile (as the bundle);
+    --profile writes the operator table of the profiled steps."""
+    table = tmp_path / "profile.txt"
     args = ["--method", method, "--batch_size", "2", "--unlabelled_batch_size", str(unlabelled), "--size", "32",
-            "--iterations", "2", "--warmup", "1", "--features", "4,4,8,8,16,4"]
+            "--iterations", "2", "--warmup", "1", "--features", "4,4,8,8,16,4", "--profile", str(table),
+            "--profile_steps", "2"]
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark_meanteacher.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -170,3 +173,18 @@ def test_benchmark_meanteacher_times_the_methods_step_and_counts_its_student_ima
     assert result["method"] == method and result["ms_per_step"] > 0
     assert result["student_images_per_step"] == 2 + unlabelled
     assert result["compile"] is False and result["compile_teacher"] is False
+    assert result["profile"]["table"] == str(table) and result["profile"]["profiled_ms_per_step"] > 0
+    assert "aten::" in table.read_text()
+
+
+def test_kernel_time_counts_each_kernel_once_and_no_annotation():
+    """The GPU-busy share of a profile sums the device's own events: a CPU operator's device time (its kernels'
+    again) and a user annotation spanning kernels (``## Call CompiledFxGraph``) are not added a second time."""
+    from types import SimpleNamespace
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [SimpleNamespace(device_type=cpu, is_user_annotation=False, self_device_time_total=700.0),
+              SimpleNamespace(device_type=cuda, is_user_annotation=False, self_device_time_total=500.0),
+              SimpleNamespace(device_type=cuda, is_user_annotation=False, self_device_time_total=200.0),
+              SimpleNamespace(device_type=cuda, is_user_annotation=True, self_device_time_total=650.0)]
+    assert benchmark_pretrain.kernel_time_s(events) == pytest.approx(700e-6)

@@ -4,7 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--cudnn_deterministic None]
-                                          [--compile_teacher True]
+                                          [--compile_teacher True] [--profile PATH --profile_steps 10]
 
 Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -22,6 +22,11 @@ as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotu
 of autotuned cuDNN. With ``--compile True`` the teacher's forwards are compiled too, as meanteacher_seg does by default
 (its ``compile_teacher``, which also needs its ``compile``); ``--compile_teacher False`` leaves them eager (the default
 of this benchmark before the bundle's).
+
+``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; the operators sorted by
+device time (on a GPU) and by host time go to PATH, and the JSON gains ``profile``: the device time per profiled step against
+the wall time per step (``gpu_busy_share``, kernels only; below 1 the step waits on the host: launches, Python, synchronisations).
+The profiler slows the host, so the step time is the timed figure above, not the profiled one.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
-         compile_teacher: bool = True) -> None:
+         compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10) -> None:
+    from benchmark_pretrain import profile_summary
     from bim import semi_supervised as ss
     from bim.flags import require_flags
     from bim.network import build_unet
@@ -53,6 +59,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
 
     if cudnn_deterministic is None:  # what the bundle that runs this step sets (its cudnn_deterministic default)
         cudnn_deterministic = method == "supervised"
+    if profile and int(profile_steps) < 1:
+        raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher})  # fire gives --compile false as the string 'false'
     if isinstance(features, str):
@@ -91,6 +99,10 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         step(student, batches[it % len(batches)], warmup + it)
     _sync(dev)
     seconds = (time.perf_counter() - start) / iterations
+    profiled = {}
+    if profile:
+        profiled = {"profile": _profile_steps(lambda it: step(student, batches[it % len(batches)], it), dev,
+                                              warmup + iterations, int(profile_steps), profile, profile_summary)}
     images = batch_size + (unlabelled_batch_size if step.uses_unlabelled else 0)
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
@@ -104,8 +116,26 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "cudnn_deterministic": bool(cudnn_deterministic),
         "compile_teacher": bool(compile and compile_teacher),
         "torch": torch.__version__,
+        **profiled,
     }
     print(json.dumps(result))
+
+
+def _profile_steps(run_step, dev: torch.device, first: int, steps: int, path: str, profile_summary) -> dict:
+    """``steps`` calls of ``run_step(iteration)`` from ``first`` on under ``torch.profiler``; the operator table goes
+    to ``path``; returns ``profile_summary``'s dict plus the device time per step in ms (on a GPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for it in range(first, first + steps):
+            run_step(it)
+        _sync(dev)
+        wall = time.perf_counter() - start
+    summary = profile_summary(prof, wall, dev, path)
+    if summary["gpu_busy_share"] is not None:
+        summary["device_ms_per_step"] = round(1000 * summary["gpu_busy_share"] * wall / steps, 3)
+    summary["profiled_ms_per_step"] = round(1000 * wall / steps, 3)
+    return summary
 
 
 def _method(ss, method: str, settings, dev: torch.device):

@@ -19,8 +19,9 @@ its algorithms (the bundle's ``cudnn_deterministic`` key; left out, the bundle's
 Prints one JSON line: GPU, images/s (network images = both views), source slices/s, ms/step, peak memory and
 ``gpu_busy`` (the share of the GPU's time spent inside the timed steps, from CUDA events: :class:`StepTimer`).
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; writes the operators
-sorted by device time (CPU time on a CPU) to PATH and adds to the JSON the share of the profiled wall time during
-which the GPU ran kernels (below 1: the step waits on the CPU, e.g. Python, launches or host syncs).
+sorted by device time (on a GPU) and by host time to PATH and adds to the JSON the share of the profiled wall time
+during which the GPU ran kernels (below 1: the step waits on the CPU, e.g. Python, launches or host syncs; the
+profiler itself slows the host).
 
 Several GPUs, the same batch on each GPU (``scans_per_batch`` x partitions slices; each rank draws from its own
 share of the training scans, ``bim.distributed``)::
@@ -86,14 +87,26 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
+def kernel_time_s(events) -> float:
+    """Seconds the device spent in kernels and copies among profiler ``events`` (``key_averages()``): the device's
+    own events only, as torch's table totals them. A CPU operator's device time repeats its kernels', and a user
+    annotation (``## Call CompiledFxGraph``, ``Optimizer.step``) spans kernels counted already."""
+    cpu = torch.autograd.DeviceType.CPU
+    return sum(_device_time_us(e) for e in events
+               if getattr(e, "device_type", cpu) != cpu and not getattr(e, "is_user_annotation", False)) / 1e6
+
+
 def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> dict:
-    """Write ``prof``'s operator table to ``path`` (temporary file, then rename) and return the device-busy share."""
+    """Write ``prof``'s operator tables to ``path`` (temporary file, then rename): sorted by device time (on a GPU),
+    then by host time; return the share of ``wall_s`` the device spent in kernels (``gpu_busy_share``)."""
     on_gpu = device.type == "cuda"
-    table = prof.key_averages().table(sort_by="self_cuda_time_total" if on_gpu else "self_cpu_time_total", row_limit=rows)
+    events = prof.key_averages()
+    sorts = (["self_cuda_time_total"] if on_gpu else []) + ["self_cpu_time_total"]
+    tables = [f"sorted by {key}\n" + events.table(sort_by=key, row_limit=rows) for key in sorts]
     out = Path(path)
     with atomic_file(out) as tmp:
-        Path(tmp).write_text(table + "\n")
-    busy = sum(_device_time_us(e) for e in prof.key_averages()) / 1e6 if on_gpu else None
+        Path(tmp).write_text("\n".join(tables) + "\n")
+    busy = kernel_time_s(events) if on_gpu else None
     return {"table": str(out), "wall_s": wall_s,
             "gpu_busy_share": round(busy / wall_s, 3) if busy is not None and wall_s > 0 else None}
 
