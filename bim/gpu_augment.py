@@ -95,8 +95,9 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
     """Resample ``x`` [B, C, H, W] on the grid given by ``matrices`` [B, 3, 3] (zero padding outside).
 
     ``grid_sample`` needs the grid in ``x``'s dtype: a bf16 ``x`` gets a bf16 grid, whose normalised coordinates
-    carry 8 significant bits (0.4 px at 224 px near the border). ``fp32_grid`` samples a low-precision ``x`` as
-    fp32 on the fp32 grid instead and returns fp32, so its sampling positions are those of an fp32 warp."""
+    carry 8 significant bits (0.4 px at 224 px near the border). ``fp32_grid`` keeps the sampling positions those
+    of an fp32 warp for a low-precision ``x``: "nearest" gathers ``x``'s own values at the positions of the fp32 grid
+    (:func:`nearest_gather`; ``x``'s dtype, no fp32 copy of ``x``), "bilinear" samples ``x`` as fp32 and returns fp32."""
     if x.ndim != 4:
         raise ValueError(f"warp expects a [B, C, H, W] tensor, got shape {tuple(x.shape)}")
     out_hw = tuple(x.shape[-2:]) if out_hw is None else tuple(out_hw)
@@ -107,8 +108,27 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
             raise ValueError("integer tensors (labels) can only be warped with mode='nearest'")
         return F.grid_sample(x.float(), grid, mode="nearest", align_corners=False).to(x.dtype)
     if fp32_grid and x.dtype not in (torch.float32, torch.float64):
+        if mode == "nearest":
+            return nearest_gather(x, grid)
         x = x.float()
     return F.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode="zeros", align_corners=False)
+
+
+def nearest_gather(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """``grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)`` as a gather of ``x``'s
+    values, the positions computed from ``grid`` in its own (fp32) precision: x [B, C, H, W], grid [B, H', W', 2]
+    -> [B, C, H', W'] in ``x``'s dtype, channels-last. Source pixel ``round(((g + 1) * size - 1) / 2)`` (half to
+    even, as grid_sample), zero outside the input. A channels-last ``x`` is read in place; the backward is a
+    scatter-add into ``x``'s dtype."""
+    b, c, h, w = x.shape
+    out_h, out_w = grid.shape[1:3]
+    col = torch.round(((grid[..., 0] + 1) * w - 1) / 2)
+    row = torch.round(((grid[..., 1] + 1) * h - 1) / 2)
+    inside = ((col >= 0) & (col <= w - 1) & (row >= 0) & (row <= h - 1)).view(b, -1, 1)
+    index = (row.clamp(0, h - 1) * w + col.clamp(0, w - 1)).long().view(b, -1, 1).expand(b, out_h * out_w, c)
+    pixels = x.permute(0, 2, 3, 1).reshape(b, h * w, c)  # a view when x is channels-last
+    out = torch.gather(pixels, 1, index).masked_fill(~inside, 0)
+    return out.view(b, out_h, out_w, c).permute(0, 3, 1, 2)
 
 
 def random_gamma(x: torch.Tensor, generator: torch.Generator | None = None, gamma_range=(0.5, 2.0)) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from bim.gpu_augment import (
+    nearest_gather,
     EquivariantPairTransform,
     brightness_contrast_jitter,
     check_factor_range,
@@ -148,6 +149,43 @@ def test_fp32_feature_warp_of_bf16_features_lands_within_a_hundredth_of_a_pixel_
     grid = torch.nn.functional.affine_grid(p.affine[:, :2].float(), [6, 1, h, h], align_corners=False)
     rounded = torch.nn.functional.grid_sample(ramps, grid.bfloat16().float(), align_corners=False)
     assert float((rounded - image_warp).norm(dim=1)[inside].mean()) > 0.05
+
+
+def test_nearest_feature_warp_gathers_the_bf16_features_at_the_fp32_positions_of_the_image_warp():
+    """With the authors' nearest interpolation the fp32-grid feature warp returns the bf16 features themselves
+    (channels-last, no fp32 copy), each taken from the pixel the fp32 image warp samples: integer ramps come out
+    equal to the image warp of the same ramps wherever T lands inside the image, zero outside."""
+    t = EquivariantPairTransform(interpolation="nearest", mirror_prob=0.9, feature_warp_fp32=True)
+    p = t.sample(6, torch.Generator().manual_seed(0))
+    h = 224
+    xs = torch.arange(h, dtype=torch.float32).view(1, 1, 1, h).expand(6, 1, h, h)
+    ramps = torch.cat([xs, xs.transpose(-1, -2)], 1)
+    image_warp = t.apply_image(ramps, type(p)(affine=p.affine))  # geometry only: no gamma
+    inside = t.valid_mask(p, ramps)[:, 0] > 0
+    new = t.apply_features(ramps.bfloat16().contiguous(memory_format=torch.channels_last), p)
+    assert new.dtype == torch.bfloat16 and new.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(new.float().permute(0, 2, 3, 1)[inside], image_warp.permute(0, 2, 3, 1)[inside])
+    assert not new.float().permute(0, 2, 3, 1)[~inside].any()
+
+
+def test_nearest_gather_is_grid_sample_nearest_forward_and_backward():
+    """nearest_gather = grid_sample(mode="nearest", zeros, align_corners=False) in value and gradient. Positions
+    within 1e-3 px of a half-integer may round either way (a fused multiply-add changes the last bit), so they are
+    left out of the comparison."""
+    g = torch.Generator().manual_seed(1)
+    theta = torch.randn(3, 2, 3, generator=g) * 0.3 + torch.tensor([[1.0, 0, 0], [0, 1.0, 0]])
+    grid = torch.nn.functional.affine_grid(theta, [3, 1, 40, 56], align_corners=False)
+    x = torch.randn(3, 5, 48, 64, generator=g, requires_grad=True)
+    out = nearest_gather(x, grid)
+    ref = torch.nn.functional.grid_sample(x, grid, mode="nearest", align_corners=False)
+    pos = torch.stack([((grid[..., 0] + 1) * 64 - 1) / 2, ((grid[..., 1] + 1) * 48 - 1) / 2])
+    clear = ((pos - pos.floor() - 0.5).abs() > 1e-3).all(0)
+    assert clear.float().mean() > 0.99
+    assert torch.equal(out.permute(0, 2, 3, 1)[clear], ref.permute(0, 2, 3, 1)[clear])
+    upstream = torch.randn(out.shape, generator=g) * clear[:, None]
+    (grad,) = torch.autograd.grad((out * upstream).sum(), x)
+    (grad_ref,) = torch.autograd.grad((ref * upstream).sum(), x)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- the decoder
