@@ -187,12 +187,16 @@ class EarlyStoppingOnValidation:
     """A train handler that connects ``handler`` (MONAI's ``EarlyStopHandler``, its ``patience`` counted in
     validations) to ``validator`` and to the trainer it is attached to; a ``patience`` of None leaves it off. Built
     here rather than among the evaluator's handlers: the evaluator exists before the trainer that runs it (the config
-    cannot name the trainer there without a cycle), and an evaluator run on its own must not need a trainer."""
+    cannot name the trainer there without a cycle), and an evaluator run on its own must not need a trainer.
+    ``recorder`` (:class:`~bim.inference.EarlyStopRecord`, optional) is attached to the trainer too: it records
+    where early stopping would end the run without ending it."""
 
-    def __init__(self, handler, validator) -> None:
-        self.handler, self.validator = handler, validator
+    def __init__(self, handler, validator, recorder=None) -> None:
+        self.handler, self.validator, self.recorder = handler, validator, recorder
 
     def attach(self, engine: Engine) -> None:
+        if self.recorder is not None:
+            self.recorder.attach(engine)
         if self.handler.patience is None:
             return
         self.handler.set_trainer(engine)

@@ -21,6 +21,8 @@ import json
 import logging
 import math
 import os
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +167,7 @@ class BestMetricSaver:
         self.info, self.filename = dict(info or {}), filename
         self.best, self.best_epoch = -math.inf, -1
         self.previous = self.previous_record()
+        self.saved: Path | None = None  # the file this run's best weights went to last
 
     def previous_record(self) -> dict | None:
         """``best_metric.json`` of the model already in ``output_dir`` (None when there is none)."""
@@ -209,10 +212,77 @@ class BestMetricSaver:
         if not _is_main_process():
             return
         state = {k: v.detach().cpu() for k, v in unwrap(self.network).state_dict().items()}
-        atomic_save(state, self.output_dir / filename)
+        self.saved = atomic_save(state, self.output_dir / filename)
         record = {"metric": self.metric_name, "value": value, "epoch": epoch,
                   "checkpoint": (self.output_dir / filename).as_posix(), **self.info}
         atomic_write_text(json.dumps(record, indent=2) + "\n", self.output_dir / record_name)
+
+
+class EarlyStopRecord:
+    """Measures early stopping without stopping: a train handler that watches ``best_saver`` (the validator's
+    :class:`BestMetricSaver`) and, at the validation after which an ``EarlyStopHandler`` of ``patience`` would have
+    ended the run (``patience`` validations in a row without a better metric), copies the best weights so far to
+    ``model_patience{N}.pt`` and writes ``early_stop_record.json``: that epoch and iteration, the seconds since
+    training started, the best epoch and value. Training goes on; at its end the record adds the run's own seconds
+    and epochs. A run that ends before the patience runs out records ``"stopped": false`` and copies its best weights
+    the same way, so ``model_patience{N}.pt`` is always the model an early-stopped run would have kept: a run of the
+    full length gives both results from one training trajectory. ``patience`` None leaves it off. Seconds count from
+    this process's start (a resumed run: from the resume)."""
+
+    def __init__(self, patience: int | None, best_saver: BestMetricSaver, validator) -> None:
+        if patience is not None and (isinstance(patience, bool) or int(patience) < 1):
+            raise ValueError(f"record_early_stop must be a number of validations >= 1 or null, got {patience!r}")
+        self.patience = None if patience is None else int(patience)
+        self.best_saver, self.validator = best_saver, validator
+        self.waited, self.record, self.trainer, self.started = 0, None, None, 0.0
+
+    def state_dict(self) -> dict:
+        return {"waited": torch.tensor(self.waited), "recorded": torch.tensor(self.record is not None)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.waited = int(state["waited"])
+        path = self.best_saver.output_dir / "early_stop_record.json"
+        if bool(state["recorded"]) and path.is_file():
+            self.record = json.loads(path.read_text())
+
+    def attach(self, engine: Engine) -> None:
+        if self.patience is None:
+            return
+        self.trainer = engine
+        engine.add_event_handler(Events.STARTED, self._start)
+        self.validator.add_event_handler(Events.EPOCH_COMPLETED, self._validated)  # after best_saver: attached later
+
+    def _start(self, engine: Engine) -> None:
+        self.started = time.perf_counter()
+        if not engine.has_event_handler(self._completed, Events.COMPLETED):  # after every handler, the last validation's too
+            engine.add_event_handler(Events.COMPLETED, self._completed)
+
+    def _validated(self, validator: Engine) -> None:
+        self.waited = 0 if self.best_saver.best_epoch == int(validator.state.epoch) else self.waited + 1
+        if self.record is None and self.waited >= self.patience:
+            self.record = self._write(stopped=True)
+
+    def _completed(self, _engine: Engine) -> None:
+        if self.record is None:
+            self.record = self._write(stopped=False)
+        self.record.update(run_seconds=time.perf_counter() - self.started, run_epochs=int(self.trainer.state.epoch))
+        self._write_json(self.record)
+
+    def _write(self, stopped: bool) -> dict:
+        state = self.trainer.state
+        record = {"patience": self.patience, "stopped": stopped, "epoch": int(state.epoch),
+                  "iteration": int(state.iteration), "seconds": time.perf_counter() - self.started,
+                  "best_epoch": self.best_saver.best_epoch, "best_value": self.best_saver.best,
+                  "checkpoint": (self.best_saver.output_dir / f"model_patience{self.patience}.pt").as_posix()}
+        if _is_main_process() and self.best_saver.saved is not None:
+            with atomic_file(record["checkpoint"]) as tmp:
+                shutil.copyfile(self.best_saver.saved, tmp)
+        self._write_json(record)
+        return record
+
+    def _write_json(self, record: dict) -> None:
+        if _is_main_process():
+            atomic_write_text(json.dumps(record, indent=2) + "\n", self.best_saver.output_dir / "early_stop_record.json")
 
 
 class LastEpochValidationHandler(ValidationHandler):

@@ -91,6 +91,7 @@ OPTIONS: dict[str, Option] = {
     "crop_size": _count("training crop side in pixels (the U-Net needs at least 16)", 16),
     "val_interval": _count("validate every N epochs (and after the last)"),
     "early_stop_patience": _count("stop after this many validations in a row without a better val_mean_dice (model.pt keeps the best); null: train all epochs"),
+    "record_early_stop": _count("train all epochs, and record where early stopping with this patience would have stopped: model_patience{N}.pt (its best weights) and early_stop_record.json; null: off"),
     "log_every": _count("log the loss every N iterations"),
     "save_every": _count("write checkpoint_last.pt every N iterations"),
     "panel_every": _count("write a cluster panel every N iterations"),

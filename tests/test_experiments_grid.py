@@ -124,3 +124,24 @@ def test_probe_re_runs_only_a_recorded_pretrain_command_of_plain_options(tmp_pat
                      ("python -c 'print(1)' --config_file x --output_dir y", "not `python -m monai.bundle run")]:
         with pytest.raises(ExperimentError, match=why):
             record(bad)
+
+
+def test_a_recorded_early_stop_is_scored_beside_the_full_run(tmp_path, demo_dataset):
+    """``--overrides '{"record_early_stop": 1}'``: the smoke fine-tune trains all its epochs, and its row adds the
+    test Dice of the model early stopping would have kept and where it would have stopped; the run's own test Dice
+    stays that of its best-validation model."""
+    grid = build_grid("smoke", str(demo_dataset), tmp_path, select={"methods": "Baseline"}, tag="rec",
+                      overrides={"record_early_stop": 1})
+    (run,) = grid
+    assert len(run.commands) == 3 and "model_patience1.pt" in " ".join(run.commands[-1])
+    counts = run_grid(grid, tmp_path, log=lambda *_: None)
+    assert counts["done"] == 1, counts
+    out = run_dir(tmp_path, run)
+    result = json.loads((out / "result.json").read_text())
+    main = json.loads(next(p for p in (out / "eval").glob("*_summary.json")
+                           if not p.name.startswith("early_stop")).read_text())
+    early = json.loads((out / "eval" / "early_stop_p1_summary.json").read_text())
+    assert result["test_dice"] == main["mean"] and result["es_test_dice"] == early["mean"]
+    assert result["es_patience"] == 1 and 0 < result["es_epoch_share"] <= 1 and 0 < result["es_time_share"] <= 1
+    if not result["es_stopped"]:  # the whole run without a pause in its gains: the same model
+        assert result["es_test_dice"] == result["test_dice"]

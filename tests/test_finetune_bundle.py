@@ -269,3 +269,20 @@ def test_early_stopping_ends_the_run_after_patience_validations_without_gain(tmp
     final = torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)
     assert final["trainer"]["iteration"] == last_epoch * 2
     assert json.loads((tmp_path / "best_metric.json").read_text())["epoch"] == 1
+
+
+def test_record_early_stop_trains_all_epochs_and_keeps_the_model_early_stopping_would_have_kept(tmp_path):
+    """The same frozen run as above with ``record_early_stop 1`` instead of ``early_stop_patience 1``: all 4 epochs
+    run, and the record says patience 1 would have stopped after epoch 2 with the best weights of epoch 1, which
+    ``model_patience1.pt`` holds."""
+    overrides = dict(FAST, crop_size=64, batch_size=2, epochs=4, iters_per_epoch=2, warmup_epochs=0,
+                     learning_rate=1e-12, bn_momentum=1e-12, task="lv", record_early_stop=1)
+    run_config("train.json", output_dir=tmp_path, **overrides)
+    assert torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)["trainer"]["iteration"] == 8
+    record = json.loads((tmp_path / "early_stop_record.json").read_text())
+    assert (record["patience"], record["stopped"], record["epoch"], record["iteration"], record["best_epoch"],
+            record["run_epochs"]) == (1, True, 2, 4, 1, 4)
+    assert 0 < record["seconds"] <= record["run_seconds"]
+    kept = torch.load(tmp_path / "model_patience1.pt", weights_only=True)
+    best = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert kept.keys() == best.keys() and all(torch.equal(kept[k], best[k]) for k in best)

@@ -651,3 +651,35 @@ def test_weights_of_other_widths_end_with_a_line_naming_the_features_option():
     assert line.startswith("error: the weights do not fit this network (size mismatch for ")
     assert line.endswith("pass the --features (and --unet_style, --num_clusters) the model was trained with")
     assert last_line(ValueError("one line")) is None
+
+
+def test_early_stop_record_copies_the_best_weights_at_the_stop_and_ignores_later_gains(tmp_path):
+    """Validation Dice 0.5, 0.6, 0.55, 0.58, 0.7 with patience 2: early stopping would end after epoch 4 with the
+    weights of epoch 2; the record keeps those although epoch 5 then beats them (model.pt moves on)."""
+    from types import SimpleNamespace
+
+    from bim.inference import BestMetricSaver, EarlyStopRecord
+
+    net = torch.nn.Linear(1, 1, bias=False)
+    saver = BestMetricSaver(net, str(tmp_path))
+    from ignite.engine import Engine
+
+    trainer = Engine(lambda engine, batch: None)
+    recorder = EarlyStopRecord(2, saver, validator=None)
+    recorder.trainer = trainer
+    recorder._start(trainer)
+    for epoch, dice in enumerate([0.5, 0.6, 0.55, 0.58, 0.7], start=1):
+        trainer.state.epoch, trainer.state.iteration = epoch, 10 * epoch
+        net.weight.data.fill_(float(epoch))
+        validator = SimpleNamespace(state=SimpleNamespace(epoch=epoch, metrics={"val_mean_dice": dice}))
+        saver(validator)
+        recorder._validated(validator)
+    recorder._completed(trainer)
+    record = json.loads((tmp_path / "early_stop_record.json").read_text())
+    assert (record["stopped"], record["epoch"], record["iteration"], record["best_epoch"], record["run_epochs"]) == (
+        True, 4, 40, 2, 5)
+    assert record["best_value"] == pytest.approx(0.6)
+    assert float(torch.load(tmp_path / "model_patience2.pt", weights_only=True)["weight"]) == 2.0
+    assert float(torch.load(tmp_path / "model.pt", weights_only=True)["weight"]) == 5.0
+    with pytest.raises(ValueError, match="record_early_stop"):
+        EarlyStopRecord(0, saver, None)

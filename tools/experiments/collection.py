@@ -18,7 +18,7 @@ from pathlib import Path
 from bim.files import atomic_file
 
 from .grid import _variant
-from .runner import portable_command
+from .runner import portable_command, test_evaluations
 from .vocabulary import PRETRAIN_PATHS, PRETRAIN_TRAIN, ROOT, ExperimentError
 CSV_SIGNIFICANT_DIGITS = 6  # a Dice of 0.8574790954589844 is written 0.857479: far below any difference we report
 LONG_DECIMAL = re.compile(r"-?\d+\.\d{7,}(e[-+]?\d+)?")  # a float written with more digits than that
@@ -134,7 +134,7 @@ def per_scan_dice(work: Path, results: list[dict]) -> dict[str, list[tuple[str, 
     for res in results:
         if res.get("kind") == "pretrain":
             continue
-        dice_csvs = sorted((work / "runs" / res["name"] / "eval").glob("*_dice.csv"))
+        dice_csvs = test_evaluations(work / "runs" / res["name"], "_dice.csv")
         if not dice_csvs:
             continue
         with open(dice_csvs[-1], newline="") as f:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .vocabulary import (ABLATIONS, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN, PRESETS,
+from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN, PRESETS,
                          PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr)
 
 
@@ -97,16 +97,30 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
              "warmup_epochs": proto.finetune_warmup, "progress_bar": False}
     if kind == "meanteacher":
         train["rampup_epochs"] = proto.rampup_epochs
+        if proto.unlabelled_batch_size is not None:
+            train["unlabelled_batch_size"] = proto.unlabelled_batch_size
         if consistency_weight is not None:
             train["consistency_weight"] = consistency_weight
     train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
     commands = (_merge_args(_cmd([train_cfg], train), proto.finetune_overrides),
                 _merge_args(_cmd([train_cfg, eval_cfg], common), proto.finetune_overrides))
+    patience = recorded_patience(proto.finetune_overrides)
+    if patience is not None:  # also score the model early stopping would have kept
+        early = {**common, "checkpoint": str(out / f"model_patience{patience}.pt"),
+                 "eval_prefix": f"{EARLY_STOP_EVAL_PREFIX}{patience}"}
+        commands += (_merge_args(_cmd([train_cfg, eval_cfg], early), proto.finetune_overrides),)
     meta = {"method": method, "init": init_name, "task": task, "labelled_scans": n, "seed": seed, "lr": lr,
             "paper_lr": proto.paper_lr, **(extra_meta or {})}
     if consistency_weight is not None:
         meta["consistency_weight"] = consistency_weight
     return Run(name, kind, commands, meta, (init.name,) if init else ())
+
+
+def recorded_patience(overrides: tuple[str, ...]) -> int | None:
+    """The patience of ``--record_early_stop`` among command-line ``overrides`` (None: not recorded)."""
+    args = dict(zip(overrides[::2], overrides[1::2]))
+    value = args.get("--record_early_stop")
+    return None if value in (None, "None", "null") else int(value)
 
 
 def ablation_defaults(variant: str = "full") -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from bim.files import atomic_file
 
 from .grid import Run
-from .vocabulary import ROOT, TRAIN_CONFIG_OF_KIND, ExperimentError
+from .vocabulary import EARLY_STOP_EVAL_PREFIX, ROOT, TRAIN_CONFIG_OF_KIND, ExperimentError
 
 
 def _git_commit() -> str:
@@ -157,14 +157,39 @@ def result_of(run: Run, out: Path) -> dict:
                     if key in v:
                         res[f"cq_{name}_{key.removesuffix('_dice')}"] = v[key]
         return res
-    summaries = sorted((out / "eval").glob("*_summary.json"))
+    summaries = test_evaluations(out, "_summary.json")
     best = out / "best_metric.json"
     if not summaries or not best.is_file():
         raise ExperimentError(f"{out}: expected eval/*_summary.json and best_metric.json after training + evaluation")
     summary, best = json.loads(summaries[-1].read_text()), json.loads(best.read_text())
     res.update(test_dice=summary["mean"], test_dice_std_scans=summary["std"], test_scans=summary["n"],
                val_dice=best["value"], best_epoch=best["epoch"])
+    res.update(early_stop_result(out))
     return res
+
+
+def test_evaluations(out: Path, suffix: str) -> list[Path]:
+    """A run's test-set evaluation files ``eval/*<suffix>`` of its best-validation model, sorted (those of its
+    early-stopping record's model left out)."""
+    return sorted(p for p in (out / "eval").glob(f"*{suffix}") if not p.name.startswith(EARLY_STOP_EVAL_PREFIX))
+
+
+def early_stop_result(out: Path) -> dict:
+    """What a run with ``--record_early_stop N`` adds (none without ``early_stop_record.json``): ``es_patience``,
+    ``es_stopped`` (whether early stopping would have ended it), ``es_epoch`` (where), ``es_best_epoch``, the shares
+    of the run's epochs and seconds up to there (``es_epoch_share``, ``es_time_share``) and ``es_test_dice``, the
+    test Dice of the model early stopping would have kept."""
+    path = out / "early_stop_record.json"
+    if not path.is_file():
+        return {}
+    rec = json.loads(path.read_text())
+    summary = out / "eval" / f"{EARLY_STOP_EVAL_PREFIX}{rec['patience']}_summary.json"
+    if not summary.is_file() or "run_epochs" not in rec:
+        raise ExperimentError(f"{out}: early_stop_record.json without the run's end or {summary.name}: run again")
+    return {"es_patience": rec["patience"], "es_stopped": rec["stopped"], "es_epoch": rec["epoch"],
+            "es_best_epoch": rec["best_epoch"], "es_epoch_share": rec["epoch"] / rec["run_epochs"],
+            "es_time_share": rec["seconds"] / rec["run_seconds"],
+            "es_test_dice": json.loads(summary.read_text())["mean"]}
 _CHILDREN: set[subprocess.Popen] = set()  # the bundle processes running now (stopped with the runner)
 _CHILDREN_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_children: no bundle command starts any more

@@ -16,6 +16,8 @@ FINETUNE_EVAL = "bundles/finetune_seg/configs/evaluate.json"
 MT_TRAIN = "bundles/meanteacher_seg/configs/train.json"
 MT_EVAL = "bundles/meanteacher_seg/configs/evaluate.json"
 TRAIN_CONFIG_OF_KIND = {"pretrain": PRETRAIN_TRAIN, "finetune": FINETUNE_TRAIN, "meanteacher": MT_TRAIN}
+# the evaluation of a run's early-stopping record (``--record_early_stop N``): eval/early_stop_p<N>_*
+EARLY_STOP_EVAL_PREFIX = "early_stop_p"
 
 
 class ExperimentError(ValueError):
@@ -107,6 +109,7 @@ class Protocol:
     finetune_iters: int = 200
     finetune_warmup: int = 10
     rampup_epochs: int = 10
+    unlabelled_batch_size: int | None = None  # Mean Teacher runs' (None: the bundle's default)
     paper_lr: float = 2e-5
     lrs: tuple[float, ...] = (2e-5, 1e-4, 5e-4)
     pretrain_overrides: tuple[str, ...] = ()
@@ -140,11 +143,11 @@ PAPER = Protocol()
 # the authors' edge map for prostate MR: |grad I|^0.5 (ACDC: the bundle's default 0.75)
 PROSTATE_EDGE = ("--edge_power", "0.5")
 SMOKE = Protocol(pretrain_epochs=1, pretrain_iters=2, pretrain_warmup=0, finetune_epochs=1, finetune_iters=2,
-                 finetune_warmup=0, rampup_epochs=1, paper_lr=1e-3, lrs=(1e-3,),
+                 finetune_warmup=0, rampup_epochs=1, unlabelled_batch_size=2, paper_lr=1e-3, lrs=(1e-3,),
                  pretrain_overrides=("--features", "[8,16,32,64,128,8]", "--scans_per_batch", "2",
                                      "--crop_size", "64", "--panel_every", "2", "--save_every", "2"),
                  finetune_overrides=("--features", "[8,16,32,64,128,8]", "--crop_size", "64", "--batch_size", "2",
-                                     "--unlabelled_batch_size", "2", "--save_every", "2"))
+                                     "--save_every", "2"))
 
 PRESETS = {
     # the paper's lengths (50 x 200 iterations for both stages), three fine-tuning LRs per cell
