@@ -89,3 +89,18 @@ def test_no_function_is_longer_than_80_lines_and_no_command_takes_more_than_8_op
     commands = next(n for n in cli.body if isinstance(n, ast.ClassDef) and n.name == "CLI").body
     for fn in (n for n in commands if isinstance(n, ast.FunctionDef)):
         assert len(fn.args.args) - 2 <= 8, fn.name  # all but self and the first, positional, argument
+
+
+def test_the_early_stopping_section_compares_both_models_of_the_same_runs():
+    """Rows with a recorded early stop (``es_*`` columns as the CSV holds them) give one line per method and cell:
+    both models' mean (std over seeds), the mean paired difference, the time share and how many runs it stopped."""
+    from experiments.sections import early_stop_lines
+
+    def row(seed, full, early, share, stopped):
+        return {"method": "Baseline", "task": "lv", "labelled_scans": "1", "seed": str(seed), "test_dice": full,
+                "es_test_dice": early, "es_patience": "10", "es_time_share": share, "es_stopped": stopped}
+
+    md = early_stop_lines([row(0, "0.5", "0.45", "0.4", "True"), row(1, "0.6", "0.6", "1.0", "False")])
+    assert md[0] == "## Early stopping (patience 10), recorded on the full-length runs"
+    assert "| Baseline | LV 1 | 55.0 (5.0) | 52.5 (7.5) | -2.5 | 70 % | 1 of 2 |" in md
+    assert early_stop_lines([row(0, "0.5", "", "", "")]) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 from .collection import per_scan_path
 from .figures import plot_ablations, plot_cluster_panels, plot_dice_vs_scans
 from .sections import (ablation_rows, ablation_tables, chosen_lr_lines, chosen_weight_lines, cluster_quality_table,
-                       group_tables, hardest_scans, lr_choice_lines, one_lr_lines, provenance_lines, read_groups,
+                       early_stop_lines, group_tables, hardest_scans, lr_choice_lines, one_lr_lines, provenance_lines, read_groups,
                        same_as_paper, tag_lines)
 from .tables import (_lrs_tried, candidates, cells_json, gap_table, markdown_table, ordering_lines, pair_references,
                      paired_table, read_cells_json, read_per_scan, read_rows, relabel_rows, select, table, write_text)
@@ -214,6 +214,7 @@ def render(spec: ReportSpec, out: Path) -> tuple[str, dict, list]:
         written += [png] if png else []
     cells = {p: c for p, c in cells.items() if c}
     md += per_scan_sections(spec, seg)
+    md += early_stop_lines(seg)
     methods = [m for m in METHOD_ORDER if m in PAPER_TABLE1]
     paper_cols = [(t, n) for t, _ in TASK_COLUMNS for n in COUNTS[t]]
     md += ["## The paper's Table 1 and Table 3 (mean of 3 seeds, its full protocol)", "",

@@ -561,3 +561,32 @@ def ablation_tables(abl: dict) -> list[str]:
                 md += [f"{ABLATION_LABELS.get(key, key)} = {p[0]:g} is the default point: the runs of "
                        f"{ABLATION_LABELS.get(src, src)} = {src_value:g}, shared by the three ablations.", ""]
     return md
+
+
+def early_stop_lines(seg_rows: list[dict]) -> list[str]:
+    """Markdown: for runs trained with ``--record_early_stop N`` (the ``es_*`` columns), per method and cell the test
+    Dice x 100 of the full-length run's best-validation model against that of the model early stopping with patience
+    N would have kept (the same runs, mean (std over seeds)), their difference, and the share of the training's
+    seconds early stopping would have taken. Empty when no run recorded it."""
+    cells = defaultdict(list)
+    for r in seg_rows:
+        if r.get("es_test_dice") not in (None, "") and not r.get("ablation"):
+            cells[(r["method"], r["task"], int(r["labelled_scans"]))].append(r)
+    if not cells:
+        return []
+    patience = sorted({int(float(r["es_patience"])) for rs in cells.values() for r in rs})
+    md = [f"## Early stopping (patience {', '.join(map(str, patience))}), recorded on the full-length runs", "",
+          "Each run trained all its epochs and recorded where early stopping would have ended it; both models are "
+          "scored on the test scans. Time: the share of the run's seconds up to that point.", "",
+          "| method | cell | all epochs | early stop | difference | time | stopped |", "|---|---|---|---|---|---|---|"]
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    for (m, task, n) in sorted(cells, key=lambda c: (order.get(c[0], len(order)), c[0], TASK_ORDER.get(c[1], 0), c[2])):
+        rs = cells[(m, task, n)]
+        full, early = (_mean_std([100.0 * float(r[k]) for r in rs]) for k in ("test_dice", "es_test_dice"))
+        diff = statistics.fmean(100.0 * (float(r["es_test_dice"]) - float(r["test_dice"])) for r in rs)
+        share = statistics.fmean(float(r["es_time_share"]) for r in rs)
+        stopped = sum(str(r["es_stopped"]).lower() == "true" for r in rs)
+        md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | {full[0]:.1f} ({full[1]:.1f}) | {early[0]:.1f} "
+                  f"({early[1]:.1f}) | {diff:+.1f} | {100 * share:.0f} % | {stopped} of {len(rs)} |")
+    return md + [""]
+
