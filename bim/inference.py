@@ -224,17 +224,17 @@ class EarlyStopRecord:
     ended the run (``patience`` validations in a row without a better metric), copies the best weights so far to
     ``model_patience{N}.pt`` and writes ``early_stop_record.json``: that epoch and iteration, the seconds since
     training started, the best epoch and value. Training goes on; at its end the record adds the run's own seconds
-    and epochs. A run that ends before the patience runs out records ``"stopped": false`` and copies its best weights
+    and epochs (its seconds null when the stop was recorded before a resume). A run that ends before the patience runs out records ``"stopped": false`` and copies its best weights
     the same way, so ``model_patience{N}.pt`` is always the model an early-stopped run would have kept: a run of the
     full length gives both results from one training trajectory. ``patience`` None leaves it off. Seconds count from
-    this process's start (a resumed run: from the resume)."""
+    this process's start."""
 
     def __init__(self, patience: int | None, best_saver: BestMetricSaver, validator) -> None:
         if patience is not None and (isinstance(patience, bool) or int(patience) < 1):
             raise ValueError(f"record_early_stop must be a number of validations >= 1 or null, got {patience!r}")
         self.patience = None if patience is None else int(patience)
         self.best_saver, self.validator = best_saver, validator
-        self.waited, self.record, self.trainer, self.started = 0, None, None, 0.0
+        self.waited, self.record, self.trainer, self.started, self.attempt = 0, None, None, 0.0, None
 
     def state_dict(self) -> dict:
         return {"waited": torch.tensor(self.waited), "recorded": torch.tensor(self.record is not None)}
@@ -253,7 +253,7 @@ class EarlyStopRecord:
         self.validator.add_event_handler(Events.EPOCH_COMPLETED, self._validated)  # after best_saver: attached later
 
     def _start(self, engine: Engine) -> None:
-        self.started = time.perf_counter()
+        self.started, self.attempt = time.perf_counter(), time.time()
         if not engine.has_event_handler(self._completed, Events.COMPLETED):  # after every handler, the last validation's too
             engine.add_event_handler(Events.COMPLETED, self._completed)
 
@@ -265,13 +265,16 @@ class EarlyStopRecord:
     def _completed(self, _engine: Engine) -> None:
         if self.record is None:
             self.record = self._write(stopped=False)
-        self.record.update(run_seconds=time.perf_counter() - self.started, run_epochs=int(self.trainer.state.epoch))
+        same_attempt = self.record.get("attempt") == self.attempt  # else the stop was seen before a resume
+        self.record.update(run_seconds=time.perf_counter() - self.started if same_attempt else None,
+                           run_epochs=int(self.trainer.state.epoch))
         self._write_json(self.record)
 
     def _write(self, stopped: bool) -> dict:
         state = self.trainer.state
         record = {"patience": self.patience, "stopped": stopped, "epoch": int(state.epoch),
                   "iteration": int(state.iteration), "seconds": time.perf_counter() - self.started,
+                  "attempt": self.attempt,
                   "best_epoch": self.best_saver.best_epoch, "best_value": self.best_saver.best,
                   "checkpoint": (self.best_saver.output_dir / f"model_patience{self.patience}.pt").as_posix()}
         if _is_main_process() and self.best_saver.saved is not None:

@@ -681,5 +681,13 @@ def test_early_stop_record_copies_the_best_weights_at_the_stop_and_ignores_later
     assert record["best_value"] == pytest.approx(0.6)
     assert float(torch.load(tmp_path / "model_patience2.pt", weights_only=True)["weight"]) == 2.0
     assert float(torch.load(tmp_path / "model.pt", weights_only=True)["weight"]) == 5.0
+    # a run resumed after the stop keeps the record; its seconds are of another process, so no time share
+    resumed = EarlyStopRecord(2, saver, validator=None)
+    resumed.load_state_dict(recorder.state_dict())
+    resumed.trainer = trainer
+    resumed._start(trainer)
+    resumed._completed(trainer)
+    again = json.loads((tmp_path / "early_stop_record.json").read_text())
+    assert (again["epoch"], again["best_epoch"], again["run_seconds"]) == (4, 2, None)
     with pytest.raises(ValueError, match="record_early_stop"):
         EarlyStopRecord(0, saver, None)

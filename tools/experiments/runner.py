@@ -177,7 +177,8 @@ def test_evaluations(out: Path, suffix: str) -> list[Path]:
 def early_stop_result(out: Path) -> dict:
     """What a run with ``--record_early_stop N`` adds (none without ``early_stop_record.json``): ``es_patience``,
     ``es_stopped`` (whether early stopping would have ended it), ``es_epoch`` (where), ``es_best_epoch``, the shares
-    of the run's epochs and seconds up to there (``es_epoch_share``, ``es_time_share``) and ``es_test_dice``, the
+    of the run's epochs and seconds up to there (``es_epoch_share``; ``es_time_share``, None when the run was resumed
+    after that point) and ``es_test_dice``, the
     test Dice of the model early stopping would have kept."""
     path = out / "early_stop_record.json"
     if not path.is_file():
@@ -188,7 +189,7 @@ def early_stop_result(out: Path) -> dict:
         raise ExperimentError(f"{out}: early_stop_record.json without the run's end or {summary.name}: run again")
     return {"es_patience": rec["patience"], "es_stopped": rec["stopped"], "es_epoch": rec["epoch"],
             "es_best_epoch": rec["best_epoch"], "es_epoch_share": rec["epoch"] / rec["run_epochs"],
-            "es_time_share": rec["seconds"] / rec["run_seconds"],
+            "es_time_share": rec["seconds"] / rec["run_seconds"] if rec["run_seconds"] else None,
             "es_test_dice": json.loads(summary.read_text())["mean"]}
 _CHILDREN: set[subprocess.Popen] = set()  # the bundle processes running now (stopped with the runner)
 _CHILDREN_LOCK = threading.Lock()

@@ -584,9 +584,10 @@ def early_stop_lines(seg_rows: list[dict]) -> list[str]:
         rs = cells[(m, task, n)]
         full, early = (_mean_std([100.0 * float(r[k]) for r in rs]) for k in ("test_dice", "es_test_dice"))
         diff = statistics.fmean(100.0 * (float(r["es_test_dice"]) - float(r["test_dice"])) for r in rs)
-        share = statistics.fmean(float(r["es_time_share"]) for r in rs)
+        shares = [float(r["es_time_share"]) for r in rs if r.get("es_time_share") not in (None, "")]
+        share = f"{100 * statistics.fmean(shares):.0f} %" if shares else "–"
         stopped = sum(str(r["es_stopped"]).lower() == "true" for r in rs)
         md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | {full[0]:.1f} ({full[1]:.1f}) | {early[0]:.1f} "
-                  f"({early[1]:.1f}) | {diff:+.1f} | {100 * share:.0f} % | {stopped} of {len(rs)} |")
+                  f"({early[1]:.1f}) | {diff:+.1f} | {share} | {stopped} of {len(rs)} |")
     return md + [""]
 
