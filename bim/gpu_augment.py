@@ -97,12 +97,15 @@ def warp(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int] | None
     ``grid_sample`` needs the grid in ``x``'s dtype: a bf16 ``x`` gets a bf16 grid, whose normalised coordinates
     carry 8 significant bits (0.4 px at 224 px near the border). ``fp32_grid`` keeps the sampling positions those
     of an fp32 warp for a low-precision ``x``: "nearest" gathers ``x``'s own values at the positions of the fp32 grid
-    (:func:`nearest_gather`; ``x``'s dtype, no fp32 copy of ``x``), "bilinear" samples ``x`` as fp32 and returns fp32."""
+    (:func:`nearest_gather`; ``x``'s dtype, no fp32 copy of ``x``), "bilinear" samples ``x`` as fp32 and returns fp32.
+    The grid itself is computed in fp32 with autocast off: ``affine_grid`` is a batched matmul, which bf16 autocast
+    would run in bf16 (positions off by up to half a pixel however ``x`` is sampled)."""
     if x.ndim != 4:
         raise ValueError(f"warp expects a [B, C, H, W] tensor, got shape {tuple(x.shape)}")
     out_hw = tuple(x.shape[-2:]) if out_hw is None else tuple(out_hw)
     theta = host_to_device(matrices[:, :2, :], x.device, torch.float32)
-    grid = F.affine_grid(theta, [x.shape[0], 1, *out_hw], align_corners=False)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        grid = F.affine_grid(theta, [x.shape[0], 1, *out_hw], align_corners=False)
     if x.dtype in (torch.uint8, torch.int64, torch.int32, torch.bool):
         if mode != "nearest":
             raise ValueError("integer tensors (labels) can only be warped with mode='nearest'")
@@ -122,10 +125,10 @@ def nearest_gather(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     scatter-add into ``x``'s dtype."""
     b, c, h, w = x.shape
     out_h, out_w = grid.shape[1:3]
-    col = torch.round(((grid[..., 0] + 1) * w - 1) / 2)
-    row = torch.round(((grid[..., 1] + 1) * h - 1) / 2)
+    col = torch.round(((grid[..., 0] + 1) * w - 1) / 2).long()
+    row = torch.round(((grid[..., 1] + 1) * h - 1) / 2).long()
     inside = ((col >= 0) & (col <= w - 1) & (row >= 0) & (row <= h - 1)).view(b, -1, 1)
-    index = (row.clamp(0, h - 1) * w + col.clamp(0, w - 1)).long().view(b, -1, 1).expand(b, out_h * out_w, c)
+    index = (row.clamp(0, h - 1) * w + col.clamp(0, w - 1)).view(b, -1, 1).expand(b, out_h * out_w, c)  # int64: exact
     pixels = x.permute(0, 2, 3, 1).reshape(b, h * w, c)  # a view when x is channels-last
     out = torch.gather(pixels, 1, index).masked_fill(~inside, 0)
     return out.view(b, out_h, out_w, c).permute(0, 3, 1, 2)

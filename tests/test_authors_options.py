@@ -140,7 +140,8 @@ def test_fp32_feature_warp_of_bf16_features_lands_within_a_hundredth_of_a_pixel_
     ramps = torch.cat([xs, xs.transpose(-1, -2)], 1)
     image_warp = warp(ramps, p.affine)  # where the image branch samples (fp32)
     inside = t_old.valid_mask(p, ramps)[:, 0] > 0
-    new = t_new.apply_features(ramps.bfloat16(), p)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as in training: the feature warp runs under bf16 autocast
+        new = t_new.apply_features(ramps.bfloat16(), p)
     assert new.dtype == torch.float32
     offset = (new - image_warp).norm(dim=1)[inside]
     assert float(offset.max()) < 0.01
@@ -162,7 +163,8 @@ def test_nearest_feature_warp_gathers_the_bf16_features_at_the_fp32_positions_of
     ramps = torch.cat([xs, xs.transpose(-1, -2)], 1)
     image_warp = t.apply_image(ramps, type(p)(affine=p.affine))  # geometry only: no gamma
     inside = t.valid_mask(p, ramps)[:, 0] > 0
-    new = t.apply_features(ramps.bfloat16().contiguous(memory_format=torch.channels_last), p)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast would run affine_grid's matmul in bf16
+        new = t.apply_features(ramps.bfloat16().contiguous(memory_format=torch.channels_last), p)
     assert new.dtype == torch.bfloat16 and new.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(new.float().permute(0, 2, 3, 1)[inside], image_warp.permute(0, 2, 3, 1)[inside])
     assert not new.float().permute(0, 2, 3, 1)[~inside].any()
