@@ -216,3 +216,31 @@ def test_checkpoints_record_the_settings_so_a_changed_run_is_not_resumed(demo_da
     handlers = {h["_target_"]: h for h in train["train"]["handlers"]}
     assert handlers["bim.engine.ResumeFromCheckpoint"]["fingerprint"] == "@fingerprint"
     assert handlers["bim.engine.CheckpointEveryN"]["fingerprint"] == "@fingerprint"
+
+
+def test_the_training_step_under_bf16_autocast_gathers_the_bf16_features(demo_dataset, tmp_path, monkeypatch):
+    """The step as a GPU runs it (bf16 autocast, which the CPU path leaves off): the default nearest feature warp on
+    the fp32 grid gathers the bf16 features (no fp32 copy), and two steps give finite losses and gradients."""
+    import bim.engine
+    import bim.gpu_augment
+    import bim.pretrain.trainer
+
+    def cpu_bf16(device, enabled=True):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(enabled))
+
+    gathered = []
+    original = bim.gpu_augment.nearest_gather
+
+    def spy(x, grid):
+        gathered.append((x.dtype, grid.dtype))
+        return original(x, grid)
+
+    monkeypatch.setattr(bim.pretrain.trainer, "bf16_autocast", cpu_bf16)
+    monkeypatch.setattr(bim.gpu_augment, "nearest_gather", spy)
+    wf = _train_workflow(demo_dataset, tmp_path, cluster_quality=False)
+    trainer = wf.parser.get_parsed_content("train#trainer")
+    trainer.run()
+    assert gathered and set(gathered) == {(torch.bfloat16, torch.float32)}
+    out = trainer.state.output
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in out.values())
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in trainer.network.parameters())
