@@ -220,9 +220,11 @@ def test_checkpoints_record_the_settings_so_a_changed_run_is_not_resumed(demo_da
 
 def test_the_training_step_under_bf16_autocast_gathers_the_bf16_features(demo_dataset, tmp_path, monkeypatch):
     """The step as a GPU runs it (bf16 autocast, which the CPU path leaves off): the default nearest feature warp on
-    the fp32 grid gathers the bf16 features (no fp32 copy), and two steps give finite losses and gradients."""
+    the fp32 grid gathers the bf16 features (no fp32 copy), the MI and CC losses run in fp32, and two steps give
+    finite losses and gradients."""
     import bim.engine
     import bim.gpu_augment
+    import bim.pretrain.losses
     import bim.pretrain.trainer
 
     def cpu_bf16(device, enabled=True):
@@ -235,12 +237,29 @@ def test_the_training_step_under_bf16_autocast_gathers_the_bf16_features(demo_da
         gathered.append((x.dtype, grid.dtype))
         return original(x, grid)
 
+    losses_seen = []
+    mi_loss, cc_loss = bim.pretrain.losses.mi_loss, bim.pretrain.losses.cc_loss
+
+    def mi_spy(p_hat, p_tilde, *args):
+        out = mi_loss(p_hat, p_tilde, *args)
+        losses_seen.append(("mi", p_hat.dtype, p_tilde.dtype, out.dtype))
+        return out
+
+    def cc_spy(image, p, *args):
+        out = cc_loss(image, p, *args)
+        losses_seen.append(("cc", image.dtype, p.dtype, out.dtype))
+        return out
+
     monkeypatch.setattr(bim.pretrain.trainer, "bf16_autocast", cpu_bf16)
     monkeypatch.setattr(bim.gpu_augment, "nearest_gather", spy)
+    monkeypatch.setattr(bim.pretrain.losses, "mi_loss", mi_spy)
+    monkeypatch.setattr(bim.pretrain.losses, "cc_loss", cc_spy)
     wf = _train_workflow(demo_dataset, tmp_path, cluster_quality=False)
     trainer = wf.parser.get_parsed_content("train#trainer")
     trainer.run()
     assert gathered and set(gathered) == {(torch.bfloat16, torch.float32)}
+    assert {k for k, *_ in losses_seen} == {"mi", "cc"}  # the MI and CC losses see and give fp32 only
+    assert all(dtype == torch.float32 for _, *dtypes in losses_seen for dtype in dtypes)
     out = trainer.state.output
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in out.values())
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in trainer.network.parameters())
