@@ -678,3 +678,32 @@ def test_each_variant_config_names_its_methods_class_and_no_key_is_picked_by_met
         return [node] if isinstance(node, str) and node.startswith("$") else []
 
     assert expressions(train) and not [e for e in expressions(train) if "@method" in e]
+
+
+@pytest.mark.parametrize("method", sorted(ss.METHODS))
+def test_every_methods_step_runs_under_bf16_autocast_with_fp32_losses(method, monkeypatch):
+    """Each method's step as a GPU runs it (the forwards under bf16 autocast, which the CPU path leaves off): the
+    student's logits come out fp32, every reported loss term is a finite fp32 scalar, the weights stay finite."""
+    monkeypatch.setattr(ss, "bf16_autocast",
+                        lambda device, enabled=True: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(enabled)))
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    kwargs = {}
+    if method == "adversarial":
+        disc = ss.PredictionDiscriminator(2)
+        kwargs = {"discriminator": disc, "discriminator_optimizer": torch.optim.Adam(disc.parameters(), lr=1e-4)}
+    step = _step(method, net, **kwargs)
+    seen = []
+    forward = step.forward
+
+    def spy(network, x):
+        logits = forward(network, x)
+        seen.append(logits.dtype)
+        return logits
+
+    monkeypatch.setattr(step, "forward", spy)
+    out = step(net, _batch(), 0)
+    assert seen and set(seen) == {torch.float32}
+    losses = {k: v for k, v in out.items() if k.startswith("loss") and torch.is_tensor(v)}
+    assert "loss" in losses and all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values()), losses
+    assert all(torch.isfinite(p).all() for p in net.parameters())
