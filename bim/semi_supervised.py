@@ -426,7 +426,8 @@ class SemiSupervisedMethod:
     # ---- the step
 
     def __call__(self, student: nn.Module, batch: dict, iteration: int) -> dict:
-        student.train()
+        if not (student.training and unwrap(student).training):  # after a validation (train() walks every module)
+            student.train()
         ramp = sigmoid_rampup(iteration, self.settings.rampup_iterations)
         w = self.weight * ramp
         terms = self.losses(student, batch, iteration)
@@ -477,10 +478,12 @@ class SemiSupervisedMethod:
             self.teacher.eval()
 
     @torch.no_grad()
-    def teacher_prob(self, x: torch.Tensor) -> torch.Tensor:
-        """The teacher's class probabilities [B, C, H, W] for ``x`` (one forward)."""
+    def teacher_prob(self, *xs: torch.Tensor) -> torch.Tensor:
+        """The teacher's class probabilities [B, C, H, W] for ``x``, or for several batches (one forward each, as the
+        student's) concatenated, under one switch of its mode (a switch walks its 140 modules twice: ~0.6 ms of host
+        time on a CPU core)."""
         with self._teacher_mode() as teacher:
-            return torch.softmax(self.forward(teacher, x), dim=1)
+            return torch.cat([torch.softmax(self.forward(teacher, x), dim=1) for x in xs])
 
     def update_teacher(self, student: nn.Module) -> None:
         """One EMA step of the teacher towards the student (DDP / compile wrappers unwrapped)."""
@@ -563,7 +566,7 @@ class MeanTeacher(SemiSupervisedMethod, name="mean_teacher"):
         t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
         logits = self.student_logits(student, s_l, s_u)
         extra = torch.cat([a_l, a_u])
-        prob_t = warp(torch.cat([self.teacher_prob(t_l), self.teacher_prob(t_u)]), extra)  # aligned with the student
+        prob_t = warp(self.teacher_prob(t_l, t_u), extra)  # aligned with the student
         inside = warp(torch.ones_like(torch.cat([t_l, t_u])[:, :1]), extra) > 0.999  # source inside the teacher's view
         mask = inside.float()
         certain, terms = self.certain((t_l, t_u), extra, iteration)

@@ -707,3 +707,19 @@ def test_every_methods_step_runs_under_bf16_autocast_with_fp32_losses(method, mo
     losses = {k: v for k, v in out.items() if k.startswith("loss") and torch.is_tensor(v)}
     assert "loss" in losses and all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values()), losses
     assert all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def test_the_step_trains_a_student_left_in_eval_mode_and_the_teacher_forwards_each_batch_alone():
+    """A student left in eval mode (by a validation) is put back in train mode, every module of it; the teacher's
+    probabilities for two batches under one mode switch are those of each batch alone (BatchNorm of its own batch),
+    and the teacher is back in eval mode after."""
+    torch.manual_seed(0)
+    net = build_unet(out_channels=2, features=TINY)
+    step = _step("mean_teacher", net)
+    net.eval()
+    step(net, _batch(), 0)
+    assert all(m.training for m in net.modules())
+    a, b = _batch(seed=1)["image"], _batch(seed=2)["image"]
+    both = step.teacher_prob(a, b)
+    torch.testing.assert_close(both, torch.cat([step.teacher_prob(a), step.teacher_prob(b)]))
+    assert not any(m.training for m in step.teacher.modules())
