@@ -96,10 +96,10 @@ class EMATeacher(AveragedModel):
         :func:`ema_teacher`, so every call here is an EMA step."""
         if self.use_buffers:
             return super().update_parameters(model)
-        mine = [p.detach() for p in self.module.parameters()]
-        torch._foreach_lerp_(mine, [p.detach() for p in model.parameters()], 1.0 - self.decay)
-        torch._foreach_copy_([b.detach() for b in self.module.buffers()], [b.detach() for b in model.buffers()])
-        self.n_averaged += 1
+        with torch.no_grad():  # in place on the tensors themselves (detached copies of 272 tensors: host time)
+            torch._foreach_lerp_(list(self.module.parameters()), list(model.parameters()), 1.0 - self.decay)
+            torch._foreach_copy_(list(self.module.buffers()), list(model.buffers()))
+            self.n_averaged += 1
 
 
 def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool = False) -> EMATeacher:
