@@ -224,10 +224,10 @@ class EarlyStopRecord:
     ended the run (``patience`` validations in a row without a better metric), copies the best weights so far to
     ``model_patience{N}.pt`` and writes ``early_stop_record.json``: that epoch and iteration, the seconds since
     training started, the best epoch and value. Training goes on; at its end the record adds the run's own seconds
-    and epochs (its seconds null when the stop was recorded before a resume). A run that ends before the patience runs out records ``"stopped": false`` and copies its best weights
-    the same way, so ``model_patience{N}.pt`` is always the model an early-stopped run would have kept: a run of the
-    full length gives both results from one training trajectory. ``patience`` None leaves it off. Seconds count from
-    this process's start."""
+    (null when the stop was recorded before a resume: seconds count from this process's start) and epochs. A run that
+    ends before the patience runs out records ``"stopped": false`` and copies its best weights the same way, so
+    ``model_patience{N}.pt`` is always the model an early-stopped run would have kept: a run of the full length gives
+    both results from one training trajectory. ``patience`` None leaves it off."""
 
     def __init__(self, patience: int | None, best_saver: BestMetricSaver, validator) -> None:
         if patience is not None and (isinstance(patience, bool) or int(patience) < 1):
@@ -273,8 +273,7 @@ class EarlyStopRecord:
     def _write(self, stopped: bool) -> dict:
         state = self.trainer.state
         record = {"patience": self.patience, "stopped": stopped, "epoch": int(state.epoch),
-                  "iteration": int(state.iteration), "seconds": time.perf_counter() - self.started,
-                  "attempt": self.attempt,
+                  "iteration": int(state.iteration), "seconds": time.perf_counter() - self.started, "attempt": self.attempt,
                   "best_epoch": self.best_saver.best_epoch, "best_value": self.best_saver.best,
                   "checkpoint": (self.best_saver.output_dir / f"model_patience{self.patience}.pt").as_posix()}
         if _is_main_process() and self.best_saver.saved is not None:

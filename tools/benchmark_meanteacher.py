@@ -51,7 +51,6 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
          compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10) -> None:
-    from benchmark_pretrain import profile_summary
     from bim import semi_supervised as ss
     from bim.flags import require_flags
     from bim.network import build_unet
@@ -102,7 +101,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     profiled = {}
     if profile:
         profiled = {"profile": _profile_steps(lambda it: step(student, batches[it % len(batches)], it), dev,
-                                              warmup + iterations, int(profile_steps), profile, profile_summary)}
+                                              warmup + iterations, int(profile_steps), profile)}
     images = batch_size + (unlabelled_batch_size if step.uses_unlabelled else 0)
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
@@ -121,9 +120,11 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     print(json.dumps(result))
 
 
-def _profile_steps(run_step, dev: torch.device, first: int, steps: int, path: str, profile_summary) -> dict:
-    """``steps`` calls of ``run_step(iteration)`` from ``first`` on under ``torch.profiler``; the operator table goes
-    to ``path``; returns ``profile_summary``'s dict plus the device time per step in ms (on a GPU)."""
+def _profile_steps(run_step, dev: torch.device, first: int, steps: int, path: str) -> dict:
+    """``steps`` calls of ``run_step(iteration)`` from ``first`` on under ``torch.profiler``; the operator tables go
+    to ``path`` (the pre-training benchmark's writer); returns its dict plus the device time per step in ms (on a GPU)."""
+    from benchmark_pretrain import profile_summary
+
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()

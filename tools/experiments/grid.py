@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN, PRESETS,
-                         PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr)
+from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN,
+                         PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr)
 
 
 @dataclass(frozen=True)
