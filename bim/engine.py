@@ -243,6 +243,46 @@ class StopOnNonFiniteLoss:
             )
 
 
+CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+"""The ``torch.compile`` modes that run the compiled graphs as CUDA graphs."""
+
+
+def cudagraph_skips() -> int:
+    """How many compiled graphs of this process ``torch.compile`` has run without the CUDA graphs its mode asked for
+    (Inductor's ``cudagraph_skips`` counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+class CudaGraphsCheck:
+    """Warns once when a training whose ``compile_mode`` asks for CUDA graphs on a CUDA ``device`` runs compiled graphs
+    without them (``torch.compile`` falls back to plain launches, e.g. for a CPU tensor or an input mutated in place,
+    and only says so where ``TORCH_LOGS=cudagraphs`` is set): checked ``after`` iterations, when the step's graphs are
+    compiled. The run goes on; it is slower than the mode promises."""
+
+    def __init__(self, compile_mode: str | None, device, compiled: bool = True, after: int = 3) -> None:
+        self.enabled = bool(compiled) and compile_mode in CUDA_GRAPH_COMPILE_MODES and torch.device(device).type == "cuda"
+        self.compile_mode, self.after, self.before = compile_mode, int(after), 0
+
+    def attach(self, engine: Engine) -> None:
+        if self.enabled:
+            engine.add_event_handler(Events.STARTED, self._count_before)
+            engine.add_event_handler(Events.ITERATION_COMPLETED(once=self.after), self.check)
+
+    def _count_before(self, _engine: Engine) -> None:
+        self.before = cudagraph_skips()
+
+    def check(self, engine: Engine) -> int:
+        skipped = cudagraph_skips() - self.before
+        if skipped > 0:
+            logger.warning(
+                f"compile_mode {self.compile_mode!r} asks for CUDA graphs, but {skipped} compiled graph(s) of this "
+                f"training run without them (as of iteration {engine.state.iteration}): each step launches its kernels "
+                f"one by one. Run with the environment variable TORCH_LOGS=cudagraphs to see why")
+        return skipped
+
+
 class ResumeFromCheckpoint:
     """Resumes a run from ``path`` (a ``checkpoint_*.pt`` written by :class:`CheckpointEveryN`; ``None`` does
     nothing). Loads with ``weights_only=True`` through MONAI's :class:`CheckpointLoader` (trainer iteration/epoch,

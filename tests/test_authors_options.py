@@ -1,4 +1,4 @@
-"""The pre-training options that follow the authors' code (issue 50), one test each: what the option changes, on
+"""The pre-training options that follow the authors' code, one test each: what the option changes, on
 small CPU tensors. They are the bundle's defaults; ``configs/earlier_defaults.json`` turns all of them off."""
 
 import json

@@ -104,3 +104,43 @@ def test_the_fine_tuning_trainer_autocasts_in_bf16_on_cuda_only(device, bf16, au
                               augment=SegmentationAugment(crop_size=16), bf16=bf16)
     assert trainer.bf16 is autocast and isinstance(trainer.prepare_batch, AugmentBatch)
     assert trainer.optim_set_to_none
+
+
+@pytest.mark.parametrize("skips, warned", [(0, False), (2, True)])
+def test_a_run_that_asked_for_cuda_graphs_and_runs_without_them_is_warned_once(caplog, monkeypatch, skips, warned):
+    import bim.engine as engine_module
+    from ignite.engine import Engine
+
+    counts = iter([5, 5 + skips])  # the counter at the start of the run, then after 3 iterations
+    monkeypatch.setattr(engine_module, "cudagraph_skips", lambda: next(counts))
+    check = engine_module.CudaGraphsCheck("reduce-overhead", "cuda", compiled=True, after=3)
+    trainer = Engine(lambda engine, batch: None)
+    check.attach(trainer)
+    with caplog.at_level("WARNING", logger="bim"):
+        trainer.run(range(8), max_epochs=2)
+    messages = [r.getMessage() for r in caplog.records if "CUDA graphs" in r.getMessage()]
+    assert len(messages) == (1 if warned else 0)
+    if warned:
+        assert "2 compiled graph(s)" in messages[0] and "iteration 3" in messages[0] and "TORCH_LOGS=cudagraphs" in messages[0]
+
+
+@pytest.mark.parametrize("mode, device, compiled", [(None, "cuda", True), ("default", "cuda", True),
+                                                    ("reduce-overhead", "cpu", True), ("reduce-overhead", "cuda", False)])
+def test_the_cuda_graphs_check_is_off_where_no_cuda_graphs_were_asked_for(mode, device, compiled):
+    from bim.engine import CudaGraphsCheck
+
+    assert not CudaGraphsCheck(mode, device, compiled=compiled).enabled
+    assert CudaGraphsCheck("max-autotune", "cuda:0").enabled
+
+
+def test_the_skip_counter_is_inductors():
+    from torch._dynamo.utils import counters
+
+    from bim.engine import cudagraph_skips
+
+    before = cudagraph_skips()
+    counters["inductor"]["cudagraph_skips"] += 1
+    try:
+        assert cudagraph_skips() == before + 1
+    finally:
+        counters["inductor"]["cudagraph_skips"] -= 1

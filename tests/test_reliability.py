@@ -1,4 +1,4 @@
-"""Bad inputs a careful user tries (issue 53, docs/reliability.md): each stops with one clear last line that names
+"""Bad inputs a careful user tries (docs/reliability.md): each stops with one clear last line that names
 the key or file, what was expected and what was given, and leaves nothing behind."""
 
 from __future__ import annotations

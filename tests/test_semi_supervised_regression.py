@@ -1,7 +1,7 @@
 """Regression: every semi-supervised method's losses and the networks it leaves after 3 steps, pinned.
 
 The numbers were recorded on the CPU in fp32 with the implementation before the one-class-per-method refactor
-(issue 52: ``SemiSupervisedStep``, commit 1b022e1), with a fixed seed, a tiny U-Net (3 classes) and a synthetic
+(``SemiSupervisedStep``, commit 1b022e1), with a fixed seed, a tiny U-Net (3 classes) and a synthetic
 batch (2 labelled + 3 unlabelled 40 x 40 slices, 32 x 32 crops, rotation, zoom, gamma, jitter, the student's
 extra view, ramp-up over 2 iterations so the weights 0.5 x (exp(-5), exp(-1.25), 1) all occur). The methods must
 reproduce them: same random draws in the same order, same forwards, same losses, same optimiser and teacher

@@ -80,6 +80,8 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
     """The result (see the module docstring) of timing ``bundle``'s iteration."""
     from monai.bundle import ConfigWorkflow
 
+    from bim.engine import cudagraph_skips
+
     if int(iterations) < 1 or int(warmup) < 1:
         raise SystemExit(f"--iterations and --warmup must be >= 1, got {iterations} and {warmup}")
     if bundle == "meanteacher_seg":
@@ -110,7 +112,7 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
         "ms_per_iteration": round(ms, 3), "labelled_per_iteration": labelled, "unlabelled_per_iteration": unlabelled,
         "images_per_s": round((labelled + unlabelled) * 1000 / ms, 1),
         "first_losses": [round(float(x), 5) for x in clock.losses], "iterations": int(iterations),
-        "warmup": int(warmup), "options": options, "torch": torch.__version__,
+        "warmup": int(warmup), "options": options, "cudagraph_skips": cudagraph_skips(), "torch": torch.__version__,
         "command": " ".join(["python", "tools/benchmark_finetune.py", *sys.argv[1:]]),
     }
     return result

@@ -10,7 +10,8 @@ Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.M
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
 in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
 crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
-device, ms/step, student images/s, peak memory. The issue's peer: SSL4MIS Mean Teacher ~400 student images/s on
+device, ms/step, student images/s, peak memory, ``cudagraph_skips`` (compiled graphs that run without
+the CUDA graphs ``--compile_mode reduce-overhead`` asks for; ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS Mean Teacher ~400 student images/s on
 an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512) at 224 x 224.
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
@@ -52,6 +53,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
          compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10) -> None:
     from bim import semi_supervised as ss
+    from bim.engine import cudagraph_skips
     from bim.flags import require_flags
     from bim.network import build_unet
     from bim.segmentation import SegmentationAugment
@@ -114,6 +116,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode,
         "cudnn_deterministic": bool(cudnn_deterministic),
         "compile_teacher": bool(compile and compile_teacher),
+        "cudagraph_skips": cudagraph_skips(),
         "torch": torch.__version__,
         **profiled,
     }

@@ -191,6 +191,7 @@ class StepTimer:
 def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
                   profile_steps: int = 0, decoder_pad: str = "if_needed", store=None) -> dict:
     from bim.distributed import rank_and_world
+    from bim.engine import cudagraph_skips
     from bim.network import set_decoder_padding
 
     progress("building the trainer")
@@ -218,6 +219,7 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
         "gpu_busy": timer.gpu_busy(),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "final_loss": float(trainer.state.output["loss"]),
+        "cudagraph_skips": cudagraph_skips(),
     }
     step = combine_ranks(step)
     progress("results gathered from every rank, finalising")

@@ -192,8 +192,8 @@ def gap_table(methods, columns, cells) -> str:
 def ordering_lines(methods, columns, cells, reference=None, reference_name: str = "") -> list[str]:
     """Whether our ranking of the paper's rows follows the paper's, per column: of the pairs of rows that have a mean
     here and a number in the paper's Table 1 (untagged rows only: a tagged row ran other settings), how many are in
-    the paper's order, and our order, best first. What the issue asks of a fast protocol ("preserve the paper's
-    ordering of methods") is then a count. With ``reference`` (``{(method, task, labelled scans): mean}`` of another
+    the paper's order, and our order, best first. Whether a fast protocol preserves the paper's
+    ordering of methods is then a count. With ``reference`` (``{(method, task, labelled scans): mean}`` of another
     report, named ``reference_name``, e.g. our runs at the paper's lengths) the same count against that report's
     order, over the untagged rows both have: does a fast protocol keep the order of the full one? Empty when no
     column has two such rows."""
