@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import types
 from pathlib import Path
 
 import torch
@@ -281,6 +282,30 @@ class CudaGraphsCheck:
                 f"training run without them (as of iteration {engine.state.iteration}): each step launches its kernels "
                 f"one by one. Run with the environment variable TORCH_LOGS=cudagraphs to see why")
         return skipped
+
+
+def compile_optimizer_step(optimizer: torch.optim.Optimizer, enabled=True) -> torch.optim.Optimizer:
+    """``optimizer`` itself, its ``step`` run through ``torch.compile`` (default mode) when ``enabled``: the foreach
+    updates of every parameter fused into a few kernels, with no per-parameter arithmetic on the host (RAdam has no
+    ``fused`` implementation in torch). Same arithmetic as the eager step up to float rounding; the learning rate may
+    change every iteration without a recompilation (the float is an input of the graph, not a constant). Works
+    before or after an LR scheduler wraps the step (the scheduler's record of the call is kept); CUDA graphs are not
+    used for it (the step updates its inputs in place, which CUDA graphs refuse)."""
+    if not as_flag(enabled, "compile_optimizer"):
+        return optimizer
+    step = optimizer.step
+    if getattr(step, "_compiled_optimizer_step", False):
+        return optimizer
+    if isinstance(step, types.MethodType):  # no scheduler yet: keep a bound method, which a scheduler can wrap
+        compiled = types.MethodType(torch.compile(step.__func__), optimizer)
+    else:  # a scheduler's wrapper: compiled as is (functools.wraps keeps its marker, so the scheduler still sees it)
+        compiled = torch.compile(step)
+    try:
+        compiled._compiled_optimizer_step = True
+    except AttributeError:  # a bound method takes no attributes: mark its function
+        compiled.__func__._compiled_optimizer_step = True
+    optimizer.step = compiled
+    return optimizer
 
 
 class ResumeFromCheckpoint:

@@ -144,3 +144,58 @@ def test_the_skip_counter_is_inductors():
         assert cudagraph_skips() == before + 1
     finally:
         counters["inductor"]["cudagraph_skips"] -= 1
+
+
+def _radam_run(compile_when: str | None, steps: int = 12):
+    """A tiny network trained ``steps`` RAdam steps under the bundles' warm-up + cosine schedule (the LR changes every
+    step), the step compiled before or after the scheduler wraps it (None: eager); returns the parameters and how
+    many graphs torch.compile had made after half and after all of the steps."""
+    from torch._dynamo.utils import counters
+
+    from bim.engine import compile_optimizer_step
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    opt = torch.optim.RAdam(net.parameters(), lr=1e-2, weight_decay=1e-4)
+    if compile_when == "before":
+        compile_optimizer_step(opt)
+    scheduler = warmup_cosine_scheduler(opt, epochs=4, iters_per_epoch=3, warmup_epochs=1, start_ratio=0.1)
+    if compile_when == "after":
+        compile_optimizer_step(opt)
+    g, graphs = torch.Generator().manual_seed(1), []
+    counters.clear()
+    for i in range(steps):
+        loss = net(torch.randn(5, 6, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        scheduler.step()
+        if i + 1 in (steps // 2, steps):
+            graphs.append(counters["stats"]["unique_graphs"])
+    return [p.detach().clone() for p in net.parameters()], graphs
+
+
+@pytest.mark.parametrize("compile_when", ["before", "after"])
+def test_the_compiled_optimizer_step_is_the_eager_step_and_follows_the_lr_schedule_without_recompiling(compile_when):
+    import warnings
+
+    eager, _ = _radam_run(None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lr_scheduler.*")  # the scheduler still sees the optimiser's step
+        compiled, graphs = _radam_run(compile_when)
+    # The compiled step computes RAdam's bias corrections in float32 (eager: Python floats): 1 - 0.999^t is off by
+    # up to 2^-24 / 1e-3 ~ 6e-5 relative, so each step (<= lr = 1e-2 per weight) may differ by ~1e-4 of itself:
+    # over 12 steps <= 12 * 1e-2 * 1e-4 = 1.2e-5. A step that missed the LR schedule differs by ~1e-3.
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=0, atol=2e-5)
+    assert graphs[0] >= 1 and graphs[1] == graphs[0]  # the LR changed at every step; no new graph for it
+
+
+def test_compile_optimizer_step_off_leaves_the_optimizer_as_it_was():
+    from bim.engine import compile_optimizer_step
+
+    opt = torch.optim.RAdam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    step = opt.step
+    assert compile_optimizer_step(opt, False) is opt and opt.step == step
+    with pytest.raises(ValueError, match="compile_optimizer"):
+        compile_optimizer_step(opt, "yes")

@@ -4,7 +4,8 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--cudnn_deterministic None]
-                                          [--compile_teacher True] [--profile PATH --profile_steps 10]
+                                          [--compile_teacher True] [--compile_optimizer None]
+                                          [--profile PATH --profile_steps 10]
 
 Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
@@ -22,7 +23,8 @@ pins cuDNN to deterministic algorithms; ``False`` lets it autotune. The default 
 as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotuned, so its earlier numbers are those
 of autotuned cuDNN. With ``--compile True`` the teacher's forwards are compiled too, as meanteacher_seg does by default
 (its ``compile_teacher``, which also needs its ``compile``); ``--compile_teacher False`` leaves them eager (the default
-of this benchmark before the bundle's).
+of this benchmark before the bundle's). ``--compile_optimizer`` runs the RAdam step through ``torch.compile``
+(``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does.
 
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; the operators sorted by
 device time (on a GPU) and by host time go to PATH, and the JSON gains ``profile``: the device time per profiled step against
@@ -51,9 +53,10 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          warmup: int = 10, method: str = "mean_teacher", features=(32, 64, 128, 256, 512, 32),
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
-         compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10) -> None:
+         compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10,
+         compile_optimizer: bool | None = None) -> None:
     from bim import semi_supervised as ss
-    from bim.engine import cudagraph_skips
+    from bim.engine import compile_optimizer_step, cudagraph_skips
     from bim.flags import require_flags
     from bim.network import build_unet
     from bim.segmentation import SegmentationAugment
@@ -63,7 +66,9 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     if profile and int(profile_steps) < 1:
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
-                   "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher})  # fire gives --compile false as the string 'false'
+                   "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher,
+                   **({} if compile_optimizer is None else {"compile_optimizer": compile_optimizer})})  # fire gives --compile false as the string 'false'
+    compile_optimizer = compile if compile_optimizer is None else compile_optimizer  # the bundles' default
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -73,7 +78,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     generator = torch.Generator().manual_seed(0)
     net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
     teacher = ss.ema_teacher(net, 0.99)
-    optimizer = torch.optim.RAdam(net.parameters(), lr=1e-4)
+    optimizer = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=1e-4), compile_optimizer)
     settings = ss.StepSettings(SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes,
                                teacher=teacher, rampup_iterations=100, bf16=bf16, channels_last=channels_last,
                                compile_teacher=compile and compile_teacher, compile_mode=compile_mode)
@@ -116,6 +121,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "bf16": bool(bf16 and dev.type == "cuda"), "channels_last": bool(channels_last and dev.type == "cuda"), "compile": bool(compile), "compile_mode": compile_mode,
         "cudnn_deterministic": bool(cudnn_deterministic),
         "compile_teacher": bool(compile and compile_teacher),
+        "compile_optimizer": bool(compile_optimizer),
         "cudagraph_skips": cudagraph_skips(),
         "torch": torch.__version__,
         **profiled,

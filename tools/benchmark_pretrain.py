@@ -1,7 +1,7 @@
 """Throughput of the pre-training step, measured on the bundle's own trainer.
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
-        [--channels_last True|False] [--decoder_pad if_needed|always] [--cudnn_deterministic True|False]
+        [--channels_last True|False] [--decoder_pad if_needed|always] [--cudnn_deterministic True|False] [--compile_optimizer True|False]
         [--profile PATH --profile_steps 10] [--scaling 1,2,4 --run_timeout_s 600]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
@@ -284,9 +284,10 @@ def _time_bare_unet(batch: int, size: int, iterations: int, warmup: int, compile
 
 
 def bench_overrides(dataset_dir, output_dir: str, steps: int, scans_per_batch: int, crop_size: int, compile: bool,
-                    compile_mode, num_subheads: int, channels_last=None, cudnn_deterministic=None) -> dict:
+                    compile_mode, num_subheads: int, channels_last=None, cudnn_deterministic=None,
+                    compile_optimizer: bool | None = None) -> dict:
     """The bundle settings of a timed run: one epoch of ``steps`` iterations, nothing logged, drawn or scored on the
-    way; ``channels_last`` / ``cudnn_deterministic`` None: the bundle's defaults."""
+    way; ``channels_last`` / ``cudnn_deterministic`` / ``compile_optimizer`` None: the bundle's defaults."""
     overrides = dict(dataset_dir=dataset_dir, output_dir=output_dir, epochs=1, iters_per_epoch=steps,
                      scans_per_batch=scans_per_batch, crop_size=crop_size, log_every=10**9, panel_every=10**9,
                      save_every=10**9, resume_from=None, progress_bar=False, compile=compile, cluster_quality=False,
@@ -295,6 +296,8 @@ def bench_overrides(dataset_dir, output_dir: str, steps: int, scans_per_batch: i
         overrides["channels_last"] = bool(channels_last)
     if cudnn_deterministic is not None:
         overrides["cudnn_deterministic"] = bool(cudnn_deterministic)
+    if compile_optimizer is not None:
+        overrides["compile_optimizer"] = bool(compile_optimizer)
     return overrides
 
 
@@ -310,7 +313,7 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool | None = None, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None,
-         scaling=None, run_timeout_s: float = 600) -> None:
+         scaling=None, run_timeout_s: float = 600, compile_optimizer: bool | None = None) -> None:
     from bim.flags import require_flags
 
     if scaling is not None:
@@ -319,7 +322,8 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
     bare = world == 1 if bare is None else bare
     # fire gives --compile false as the string 'false', which bool() takes for true: a bool or a clear error
     require_flags({"compile": compile, "compile_bare": compile_bare, "bare": bare,
-                   **{k: v for k, v in (("channels_last", channels_last), ("cudnn_deterministic", cudnn_deterministic))
+                   **{k: v for k, v in (("channels_last", channels_last), ("cudnn_deterministic", cudnn_deterministic),
+                                        ("compile_optimizer", compile_optimizer))
                       if v is not None}})
     if profile and int(profile_steps) < 1:
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
@@ -328,13 +332,15 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra = int(profile_steps) if profile else 0
     overrides = bench_overrides(dataset_dir, output_dir, warmup + iterations + extra, scans_per_batch, crop_size, compile,
-                                compile_mode, num_subheads, channels_last, cudnn_deterministic)
+                                compile_mode, num_subheads, channels_last, cudnn_deterministic, compile_optimizer)
     full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     channels_last = full_step["channels_last"]
     result = {
-        "settings": {"compile": compile, "compile_mode": compile_mode, "channels_last": channels_last,
+        "settings": {"compile": compile, "compile_mode": compile_mode,
+                     "compile_optimizer": compile if compile_optimizer is None else compile_optimizer,
+                     "channels_last": channels_last,
                      "decoder_pad": decoder_pad, "cudnn_deterministic": full_step["cudnn_deterministic"],
                      "num_subheads": num_subheads, "unet_style": full_step["unet_style"],
                      "features": full_step["features"],
