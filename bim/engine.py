@@ -87,6 +87,12 @@ def unwrap(network: torch.nn.Module) -> torch.nn.Module:
     return getattr(network, "_orig_mod", network)  # torch.compile
 
 
+def uncompiled(network: torch.nn.Module) -> torch.nn.Module:
+    """``network`` without ``torch.compile``'s wrapper (``_orig_mod``), any other wrapper kept (DistributedDataParallel's
+    gradient hooks must run): what a function compiled as a whole calls."""
+    return getattr(network, "_orig_mod", network)
+
+
 def make_generator(seed: int) -> torch.Generator:
     """A CPU generator for sampling and augmentation parameters (identical streams on every device)."""
     return torch.Generator().manual_seed(int(seed))

@@ -134,21 +134,64 @@ def nearest_gather(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     return out.view(b, out_h, out_w, c).permute(0, 3, 1, 2)
 
 
+def draw_gamma(n: int, generator: torch.Generator | None = None, gamma_range=(0.5, 2.0)) -> torch.Tensor:
+    """``n`` gammas, log-uniform in ``gamma_range``, drawn on the host in float64 (:func:`random_gamma`'s draw)."""
+    lo, hi = math.log(gamma_range[0]), math.log(gamma_range[1])
+    return torch.exp(_uniform(n, lo, hi, generator))
+
+
+def apply_gamma(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """Per-image gamma correction ``x^gamma`` (``gamma`` [B] on ``x``'s device; x is expected in [0, 1])."""
+    return x.clamp_min(0).pow(gamma.to(x.dtype).view(-1, *([1] * (x.ndim - 1))))
+
+
 def random_gamma(x: torch.Tensor, generator: torch.Generator | None = None, gamma_range=(0.5, 2.0)) -> torch.Tensor:
     """Per-image gamma correction x^gamma, gamma log-uniform in ``gamma_range`` (x is expected in [0, 1])."""
-    lo, hi = math.log(gamma_range[0]), math.log(gamma_range[1])
-    gamma = host_to_device(torch.exp(_uniform(x.shape[0], lo, hi, generator)), x.device, x.dtype)
-    return x.clamp_min(0).pow(gamma.view(-1, *([1] * (x.ndim - 1))))
+    return apply_gamma(x, host_to_device(draw_gamma(x.shape[0], generator, gamma_range), x.device, x.dtype))
+
+
+def draw_intensity_jitter(n: int, generator: torch.Generator | None = None, brightness: float = 0.1,
+                          contrast: float = 0.1) -> torch.Tensor:
+    """[n, 2]: per image the contrast change c in ±contrast, then the brightness shift b in ±brightness, drawn on
+    the host in float64 (:func:`random_intensity_jitter`'s draw)."""
+    c = _uniform(n, -contrast, contrast, generator)
+    return torch.stack([c, _uniform(n, -brightness, brightness, generator)], dim=1)
+
+
+def apply_intensity_jitter(x: torch.Tensor, contrast_brightness: torch.Tensor) -> torch.Tensor:
+    """Per-image contrast and brightness jitter ``x * (1 + c) + b`` (``contrast_brightness`` [B, 2] of (c, b) on
+    ``x``'s device)."""
+    cb = contrast_brightness.to(x.dtype)
+    shape = (-1, *([1] * (x.ndim - 1)))
+    return x * (1 + cb[:, 0].view(shape)) + cb[:, 1].view(shape)
 
 
 def random_intensity_jitter(
     x: torch.Tensor, generator: torch.Generator | None = None, brightness: float = 0.1, contrast: float = 0.1
 ) -> torch.Tensor:
     """Per-image contrast and brightness jitter: x * (1 + c) + b, c in ±contrast, b in ±brightness."""
-    c = host_to_device(_uniform(x.shape[0], -contrast, contrast, generator), x.device, x.dtype)
-    b = host_to_device(_uniform(x.shape[0], -brightness, brightness, generator), x.device, x.dtype)
-    shape = (-1, *([1] * (x.ndim - 1)))
-    return x * (1 + c.view(shape)) + b.view(shape)
+    return apply_intensity_jitter(x, host_to_device(draw_intensity_jitter(x.shape[0], generator, brightness, contrast),
+                                                    x.device, x.dtype))
+
+
+def stage_on_device(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The host tensors ``tensors`` (random draws of one step, float64) on ``device`` in one copy: flattened into one
+    buffer, copied with :func:`host_to_device`, then split into views of the same shapes (and dtype). On a GPU one
+    transfer instead of one per tensor; the values are the same bits as tensor-by-tensor copies."""
+    names = list(tensors)
+    if not names:
+        return {}
+    dtypes = {tensors[k].dtype for k in names}
+    if len(dtypes) != 1:
+        raise ValueError(f"stage_on_device: the tensors must share one dtype, got {sorted(map(str, dtypes))}")
+    flat = torch.cat([tensors[k].reshape(-1) for k in names])
+    staged = host_to_device(flat, device)
+    out, start = {}, 0
+    for k in names:
+        n = tensors[k].numel()
+        out[k] = staged[start:start + n].view(tensors[k].shape)
+        start += n
+    return out
 
 
 def brightness_contrast_jitter(

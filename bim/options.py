@@ -139,6 +139,7 @@ OPTIONS: dict[str, Option] = {
     "amp": Option("bf16 autocast on CUDA", "bool"),
     "compile": Option("torch.compile the training step (default: on CUDA)", "bool"),
     "compile_teacher": Option("torch.compile the teacher too", "bool"),
+    "compile_step": Option("torch.compile a Mean Teacher step's views, forwards and losses as one function", "bool"),
     "compile_optimizer": Option("torch.compile the optimiser's step (default: as compile)", "bool"),
     "channels_last": Option("channels-last memory format", "bool"),
     "cudnn_deterministic": Option("deterministic cuDNN algorithms (false: autotune)", "bool"),

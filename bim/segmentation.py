@@ -26,7 +26,8 @@ from .data import SliceStore, read_items
 from .engine import load_weights, unwrap
 from .inference import is_prepared
 from .network import PAPER_FEATURES, UNET_STYLES, unet_features_of, unet_style_of
-from .gpu_augment import crop_matrices, random_affine_matrices, random_gamma, random_intensity_jitter, warp
+from .gpu_augment import (apply_gamma, apply_intensity_jitter, crop_matrices, draw_gamma, draw_intensity_jitter,
+                          host_to_device, random_affine_matrices, warp)
 from .tasks import SegmentationTask, get_task, labelled_key
 
 logger = logging.getLogger("bim")
@@ -273,14 +274,29 @@ class SegmentationAugment:
         )
         return crop @ affine
 
+    def draw_intensity(self, batch: int) -> torch.Tensor:
+        """The intensity parameters of ``batch`` images, drawn on the host (float64) in :meth:`intensity`'s order:
+        [B, k], per image the gamma (with ``gamma_range``), then the contrast change and the brightness shift (when
+        either is on); k = 0 when the intensity augmentation is off."""
+        columns = []
+        if self.gamma_range is not None:
+            columns.append(draw_gamma(batch, self.generator, self.gamma_range)[:, None])
+        if self.brightness or self.contrast:
+            columns.append(draw_intensity_jitter(batch, self.generator, self.brightness, self.contrast))
+        return torch.cat(columns, dim=1) if columns else torch.zeros(batch, 0, dtype=torch.float64)
+
+    def apply_intensity(self, x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        """:meth:`intensity` with its parameters given (:meth:`draw_intensity`'s, on ``x``'s device)."""
+        if self.gamma_range is not None:
+            x, params = apply_gamma(x, params[:, 0]), params[:, 1:]
+        if self.brightness or self.contrast:
+            x = apply_intensity_jitter(x, params)
+        return x
+
     def intensity(self, x: torch.Tensor) -> torch.Tensor:
         """The intensity part of the augmentation, after the warp: gamma (with ``gamma_range``), then
         contrast/brightness jitter. Semi-supervised views take theirs from here too."""
-        if self.gamma_range is not None:
-            x = random_gamma(x, self.generator, self.gamma_range)
-        if self.brightness or self.contrast:
-            x = random_intensity_jitter(x, self.generator, self.brightness, self.contrast)
-        return x
+        return self.apply_intensity(x, host_to_device(self.draw_intensity(x.shape[0]), x.device))
 
     def __call__(self, image: torch.Tensor, label: torch.Tensor | None = None):
         """``image`` [B, C, H, W] float, ``label`` [B, 1, H, W] integer -> the augmented pair at crop size."""

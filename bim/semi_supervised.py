@@ -50,9 +50,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore, read_items
-from .engine import bf16_autocast, unwrap
+from .engine import bf16_autocast, uncompiled, unwrap
 from .flags import as_flag
-from .gpu_augment import host_to_device, random_affine_matrices, warp
+from .gpu_augment import host_to_device, random_affine_matrices, stage_on_device, warp
 from .inference import is_prepared
 from .pretrain.losses import _fp32_context, _prepare_mask, _require_4d, _require_same_shape, entropy
 from .segmentation import labelled_cross_entropy
@@ -342,11 +342,15 @@ class StepSettings:
     :func:`~bim.segmentation.labelled_cross_entropy`, the bundle passes its ``train#trainer#loss_function``),
     ``bf16`` and ``channels_last`` (the forwards' autocast and memory format, on CUDA only), ``compile_teacher``
     (run the teacher's forwards through ``torch.compile(teacher.module, mode=compile_mode)``: the compiled module
-    shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode)."""
+    shares the teacher's parameters, so the EMA update reaches it, and its train / eval mode), ``compile_step``
+    (Mean Teacher: the views, both networks' forwards and the losses of a step as one function compiled with
+    ``torch.compile``, mode ``compile_mode``; with CUDA graphs one graph for the forward and one for the backward
+    instead of dozens of launches; see :meth:`MeanTeacher.step_terms`)."""
 
     def __init__(self, augment, optimizer: torch.optim.Optimizer, num_classes: int, teacher: EMATeacher | None = None,
                  rampup_iterations: int = 0, supervised_loss_function=None, bf16: bool = True,
-                 channels_last: bool = True, compile_teacher: bool = False, compile_mode: str | None = None) -> None:
+                 channels_last: bool = True, compile_teacher: bool = False, compile_mode: str | None = None,
+                 compile_step: bool = False) -> None:
         if int(num_classes) < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         self.augment, self.optimizer, self.num_classes, self.teacher = augment, optimizer, int(num_classes), teacher
@@ -354,6 +358,7 @@ class StepSettings:
         self.supervised_loss_function = supervised_loss_function or labelled_cross_entropy
         self.bf16, self.channels_last = as_flag(bf16, "bf16"), as_flag(channels_last, "channels_last")
         self.compile_teacher = as_flag(compile_teacher, "compile_teacher")
+        self.compile_step, self.compile_mode = as_flag(compile_step, "compile_step"), compile_mode
         # with compile_teacher, what runs the teacher's forwards: its module compiled (same parameters, same mode)
         self.compiled_teacher = (torch.compile(teacher.module, mode=compile_mode) if self.compile_teacher and
                                  teacher is not None else None)
@@ -483,7 +488,12 @@ class SemiSupervisedMethod:
         student's) concatenated, under one switch of its mode (a switch walks its 140 modules twice: ~0.6 ms of host
         time on a CPU core)."""
         with self._teacher_mode() as teacher:
-            return torch.cat([torch.softmax(self.forward(teacher, x), dim=1) for x in xs])
+            return self.teacher_prob_of(teacher, *xs)
+
+    @torch.no_grad()
+    def teacher_prob_of(self, teacher: nn.Module, *xs: torch.Tensor) -> torch.Tensor:
+        """:meth:`teacher_prob` with the teacher network given, already in train mode."""
+        return torch.cat([torch.softmax(self.forward(teacher, x), dim=1) for x in xs])
 
     def update_teacher(self, student: nn.Module) -> None:
         """One EMA step of the teacher towards the student (DDP / compile wrappers unwrapped)."""
@@ -541,32 +551,70 @@ class MeanTeacher(SemiSupervisedMethod, name="mean_teacher"):
         super().__init__(settings, weight)
         self.view_rotation_deg, self.view_scale_range = float(view_rotation_deg), tuple(view_scale_range)
         self.view_flip_prob = float(view_flip_prob)
+        self.compiled_step_terms = None
+        if settings.compile_step:
+            if type(self).certain is not MeanTeacher.certain:
+                raise ValueError(f"compile_step: method {self.name!r} draws random numbers inside its loss, which one "
+                                 f"compiled function cannot hold; only mean_teacher supports it (set compile_step false)")
+            self.compiled_step_terms = torch.compile(self.step_terms, mode=settings.compile_mode)
 
     def view_matrices(self, batch: int) -> torch.Tensor:
         """The student's extra similarity A [B, 3, 3] (rotation, zoom, flips; no translation)."""
         return random_affine_matrices(batch, self.generator, self.view_scale_range, self.view_rotation_deg, 0.0,
                                       flip_prob=self.view_flip_prob)
 
-    def teacher_student_views(self, image: torch.Tensor):
-        """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), each with its own intensity draw."""
+    def draw_views(self, image: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+        """The random numbers of :meth:`teacher_student_views` for the batch ``image``, drawn on the host (float64)
+        in the order the views use them: the augmentation M, the extra view A, M·A, the teacher view's and the
+        student view's intensity parameters (keys ``prefix`` + ``M``, ``A``, ``MA``, ``teacher_intensity``,
+        ``student_intensity``)."""
         mats = self._matrices(image)
         extra = self.view_matrices(image.shape[0])
-        teacher_view = self.augment.intensity(warp(image, mats, self._out_hw()))
-        student_view = self.augment.intensity(warp(image, mats @ extra, self._out_hw()))
-        return teacher_view, student_view, mats, extra
+        return {prefix + "M": mats, prefix + "A": extra, prefix + "MA": mats @ extra,
+                prefix + "teacher_intensity": self.augment.draw_intensity(image.shape[0]),
+                prefix + "student_intensity": self.augment.draw_intensity(image.shape[0])}
+
+    def views_from(self, image: torch.Tensor, draws: dict, prefix: str = ""):
+        """``(teacher_view, student_view)``: warp(x, M) and warp(x, M @ A), each with its own intensity draw (the
+        draws of :meth:`draw_views`, on ``image``'s device)."""
+        hw = self._out_hw()
+        return (self.augment.apply_intensity(warp(image, draws[prefix + "M"], hw), draws[prefix + "teacher_intensity"]),
+                self.augment.apply_intensity(warp(image, draws[prefix + "MA"], hw), draws[prefix + "student_intensity"]))
+
+    def teacher_student_views(self, image: torch.Tensor):
+        """``(teacher_view, student_view, M, A)``: warp(x, M) and warp(x, M @ A), each with its own intensity draw."""
+        draws = stage_on_device(self.draw_views(image), image.device)
+        return (*self.views_from(image, draws), draws["M"], draws["A"])
 
     def certain(self, teacher_views: Sequence[torch.Tensor], extra: torch.Tensor, iteration: int):
         """The pixels the consistency keeps besides those inside the teacher's view, and terms to report: here all
         (None)."""
         return None, {}
 
+    def draw(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Every random number of one step on the host: :meth:`draw_views` of the labelled batch (``l_``), then of
+        the unlabelled one (``u_``)."""
+        return {**self.draw_views(batch["image"], "l_"), **self.draw_views(batch["unlabelled"], "u_")}
+
     def losses(self, student, batch, iteration):
-        t_l, s_l, m_l, a_l = self.teacher_student_views(batch["image"])
-        y = warp(batch["label"], m_l @ a_l, self._out_hw(), mode="nearest")  # the student's labelled view's label
-        t_u, s_u, _, a_u = self.teacher_student_views(batch["unlabelled"])
+        draws = stage_on_device(self.draw(batch), batch["image"].device)  # one host-to-device copy per step
+        if self.compiled_step_terms is None:
+            return self.step_terms(student, batch, draws, iteration)
+        with self._teacher_mode():  # the iteration stays out of the compiled function (an int in it recompiles)
+            return self.compiled_step_terms(uncompiled(student), batch, draws, None, self.teacher.module)
+
+    def step_terms(self, student: nn.Module, batch: dict, draws: dict, iteration: int,
+                   teacher: nn.Module | None = None) -> dict:
+        """The step's views, forwards and loss terms from its random numbers (:meth:`draw`, on the device): what
+        ``compile_step`` compiles as one function (``teacher`` given, in train mode; None: :meth:`teacher_prob`;
+        ``iteration`` None there, as Mean Teacher's :meth:`certain` does not use it)."""
+        t_l, s_l = self.views_from(batch["image"], draws, "l_")
+        y = warp(batch["label"], draws["l_MA"], self._out_hw(), mode="nearest")  # the student's labelled view's label
+        t_u, s_u = self.views_from(batch["unlabelled"], draws, "u_")
         logits = self.student_logits(student, s_l, s_u)
-        extra = torch.cat([a_l, a_u])
-        prob_t = warp(self.teacher_prob(t_l, t_u), extra)  # aligned with the student
+        extra = torch.cat([draws["l_A"], draws["u_A"]])
+        prob = self.teacher_prob(t_l, t_u) if teacher is None else self.teacher_prob_of(teacher, t_l, t_u)
+        prob_t = warp(prob, extra)  # aligned with the student
         inside = warp(torch.ones_like(torch.cat([t_l, t_u])[:, :1]), extra) > 0.999  # source inside the teacher's view
         mask = inside.float()
         certain, terms = self.certain((t_l, t_u), extra, iteration)

@@ -4,7 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--cudnn_deterministic None]
-                                          [--compile_teacher True] [--compile_optimizer None]
+                                          [--compile_teacher True] [--compile_optimizer None] [--compile_step False]
                                           [--profile PATH --profile_steps 10]
 
 Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
@@ -24,7 +24,8 @@ as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotu
 of autotuned cuDNN. With ``--compile True`` the teacher's forwards are compiled too, as meanteacher_seg does by default
 (its ``compile_teacher``, which also needs its ``compile``); ``--compile_teacher False`` leaves them eager (the default
 of this benchmark before the bundle's). ``--compile_optimizer`` runs the RAdam step through ``torch.compile``
-(``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does.
+(``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does. ``--compile True --compile_step True``
+compiles the Mean Teacher step's views, forwards and losses as one function (meanteacher_seg's ``compile_step``).
 
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; the operators sorted by
 device time (on a GPU) and by host time go to PATH, and the JSON gains ``profile``: the device time per profiled step against
@@ -54,7 +55,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
          compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10,
-         compile_optimizer: bool | None = None) -> None:
+         compile_optimizer: bool | None = None, compile_step: bool = False) -> None:
     from bim import semi_supervised as ss
     from bim.engine import compile_optimizer_step, cudagraph_skips
     from bim.flags import require_flags
@@ -67,6 +68,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher,
+                   "compile_step": compile_step,
                    **({} if compile_optimizer is None else {"compile_optimizer": compile_optimizer})})  # fire gives --compile false as the string 'false'
     compile_optimizer = compile if compile_optimizer is None else compile_optimizer  # the bundles' default
     if isinstance(features, str):
@@ -81,7 +83,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     optimizer = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=1e-4), compile_optimizer)
     settings = ss.StepSettings(SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes,
                                teacher=teacher, rampup_iterations=100, bf16=bf16, channels_last=channels_last,
-                               compile_teacher=compile and compile_teacher, compile_mode=compile_mode)
+                               compile_teacher=compile and compile_teacher, compile_mode=compile_mode,
+                               compile_step=compile and compile_step)
     step = _method(ss, method, settings, dev)
     student = torch.compile(net, mode=compile_mode) if compile else net
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -122,6 +125,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "cudnn_deterministic": bool(cudnn_deterministic),
         "compile_teacher": bool(compile and compile_teacher),
         "compile_optimizer": bool(compile_optimizer),
+        "compile_step": bool(compile and compile_step),
         "cudagraph_skips": cudagraph_skips(),
         "torch": torch.__version__,
         **profiled,
