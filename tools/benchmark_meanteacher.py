@@ -11,8 +11,10 @@ Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.M
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
 in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
 crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
-device, ms/step, student images/s, peak memory, ``cudagraph_skips`` (compiled graphs that run without the CUDA
-graphs ``--compile_mode reduce-overhead`` asks for; ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS
+device, ms/step, student images/s, peak memory, the losses of the warm-up steps (same seeds in every run: two runs
+that differ only in how the step is compiled agree to bf16 rounding and cuDNN's choice of algorithms),
+``cudagraph_skips`` (compiled graphs that run without the CUDA graphs ``--compile_mode reduce-overhead`` asks for;
+``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS
 Mean Teacher runs ~400 student images/s on an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512) at 224 x 224.
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
@@ -97,9 +99,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         j = torch.randint(0, 256, (max(1, unlabelled_batch_size),), generator=g).to(dev)
         return {"image": pool_l[i], "label": labels[i], "unlabelled": pool_u[j]}
 
-    for it in range(warmup):
-        step(student, batch(), it)
-    _sync(dev)
+    warmup_losses = [round(float(step(student, batch(), it)["loss"]), 5) for it in range(warmup)]
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     batches = [batch() for _ in range(min(iterations, 8))]
@@ -127,6 +127,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         "compile_optimizer": bool(compile_optimizer),
         "compile_step": bool(compile and compile_step),
         "cudagraph_skips": cudagraph_skips(),
+        "warmup_losses": warmup_losses,
         "torch": torch.__version__,
         **profiled,
     }
