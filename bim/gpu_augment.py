@@ -153,7 +153,7 @@ def random_gamma(x: torch.Tensor, generator: torch.Generator | None = None, gamm
 def draw_intensity_jitter(n: int, generator: torch.Generator | None = None, brightness: float = 0.1,
                           contrast: float = 0.1) -> torch.Tensor:
     """[n, 2]: per image the contrast change c in ±contrast, then the brightness shift b in ±brightness, drawn on
-    the host in float64 (:func:`random_intensity_jitter`'s draw)."""
+    the host in float64 (applied by :func:`apply_intensity_jitter`)."""
     c = _uniform(n, -contrast, contrast, generator)
     return torch.stack([c, _uniform(n, -brightness, brightness, generator)], dim=1)
 
@@ -164,14 +164,6 @@ def apply_intensity_jitter(x: torch.Tensor, contrast_brightness: torch.Tensor) -
     cb = contrast_brightness.to(x.dtype)
     shape = (-1, *([1] * (x.ndim - 1)))
     return x * (1 + cb[:, 0].view(shape)) + cb[:, 1].view(shape)
-
-
-def random_intensity_jitter(
-    x: torch.Tensor, generator: torch.Generator | None = None, brightness: float = 0.1, contrast: float = 0.1
-) -> torch.Tensor:
-    """Per-image contrast and brightness jitter: x * (1 + c) + b, c in ±contrast, b in ±brightness."""
-    return apply_intensity_jitter(x, host_to_device(draw_intensity_jitter(x.shape[0], generator, brightness, contrast),
-                                                    x.device, x.dtype))
 
 
 def stage_on_device(tensors: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -310,16 +302,14 @@ class EquivariantPairTransform:
             if self.gamma_sampling == "uniform":
                 gamma = _uniform(batch, self.gamma_range[0], self.gamma_range[1], generator)
             else:
-                lo, hi = math.log(self.gamma_range[0]), math.log(self.gamma_range[1])
-                gamma = torch.exp(_uniform(batch, lo, hi, generator))
+                gamma = draw_gamma(batch, generator, self.gamma_range)
         if self.mirror_prob > 0:  # mirror after the affine map (output side): M = A @ mirror
             affine = affine @ mirror_matrices(batch, generator, self.mirror_prob)
         return PairParams(affine=affine, gamma_image=gamma)
 
     def apply_image(self, x: torch.Tensor, params: PairParams) -> torch.Tensor:
         if params.gamma_image is not None:
-            g = host_to_device(params.gamma_image, x.device, x.dtype).view(-1, 1, 1, 1)
-            x = x.clamp_min(0).pow(g)
+            x = apply_gamma(x, host_to_device(params.gamma_image, x.device, x.dtype))
         return warp(x, params.affine, mode=self.interpolation)
 
     def apply_features(self, f: torch.Tensor, params: PairParams) -> torch.Tensor:

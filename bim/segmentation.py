@@ -27,7 +27,7 @@ from .engine import load_weights, unwrap
 from .inference import is_prepared
 from .network import PAPER_FEATURES, UNET_STYLES, unet_features_of, unet_style_of
 from .gpu_augment import (apply_gamma, apply_intensity_jitter, crop_matrices, draw_gamma, draw_intensity_jitter,
-                          host_to_device, random_affine_matrices, warp)
+                          random_affine_matrices, stage_on_device, warp)
 from .tasks import SegmentationTask, get_task, labelled_key
 
 logger = logging.getLogger("bim")
@@ -275,7 +275,7 @@ class SegmentationAugment:
         return crop @ affine
 
     def draw_intensity(self, batch: int) -> torch.Tensor:
-        """The intensity parameters of ``batch`` images, drawn on the host (float64) in :meth:`intensity`'s order:
+        """The intensity parameters of ``batch`` images, drawn on the host (float64) in the order they are applied:
         [B, k], per image the gamma (with ``gamma_range``), then the contrast change and the brightness shift (when
         either is on); k = 0 when the intensity augmentation is off."""
         columns = []
@@ -286,26 +286,25 @@ class SegmentationAugment:
         return torch.cat(columns, dim=1) if columns else torch.zeros(batch, 0, dtype=torch.float64)
 
     def apply_intensity(self, x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        """:meth:`intensity` with its parameters given (:meth:`draw_intensity`'s, on ``x``'s device)."""
+        """The intensity part of the augmentation, after the warp, with its parameters given (:meth:`draw_intensity`'s,
+        on ``x``'s device): gamma (with ``gamma_range``), then contrast/brightness jitter. Semi-supervised views take
+        theirs from here too."""
         if self.gamma_range is not None:
             x, params = apply_gamma(x, params[:, 0]), params[:, 1:]
         if self.brightness or self.contrast:
             x = apply_intensity_jitter(x, params)
         return x
 
-    def intensity(self, x: torch.Tensor) -> torch.Tensor:
-        """The intensity part of the augmentation, after the warp: gamma (with ``gamma_range``), then
-        contrast/brightness jitter. Semi-supervised views take theirs from here too."""
-        return self.apply_intensity(x, host_to_device(self.draw_intensity(x.shape[0]), x.device))
-
     def __call__(self, image: torch.Tensor, label: torch.Tensor | None = None):
-        """``image`` [B, C, H, W] float, ``label`` [B, 1, H, W] integer -> the augmented pair at crop size."""
-        mats = self.matrices(image.shape[0], tuple(image.shape[-2:]))
+        """``image`` [B, C, H, W] float, ``label`` [B, 1, H, W] integer -> the augmented pair at crop size. The
+        random numbers (matrix, then intensity) are drawn on the host and copied to the device in one transfer."""
+        draws = stage_on_device({"matrices": self.matrices(image.shape[0], tuple(image.shape[-2:])),
+                                 "intensity": self.draw_intensity(image.shape[0])}, image.device)
         out_hw = (self.crop_size, self.crop_size)
-        x = self.intensity(warp(image, mats, out_hw))
+        x = self.apply_intensity(warp(image, draws["matrices"], out_hw), draws["intensity"])
         if label is None:
             return x
-        return x, warp(label, mats, out_hw, mode="nearest")
+        return x, warp(label, draws["matrices"], out_hw, mode="nearest")
 
 
 def labelled_cross_entropy(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:

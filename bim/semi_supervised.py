@@ -523,12 +523,11 @@ class SemiSupervisedMethod:
 
     def labelled_view(self, image: torch.Tensor, label: torch.Tensor):
         """The fine-tuning augmentation of a labelled batch (exactly ``SegmentationAugment``'s): ``(view, label)``."""
-        mats = self._matrices(image)
-        return self.augment.intensity(warp(image, mats, self._out_hw())), warp(label, mats, self._out_hw(), mode="nearest")
+        return self.augment(image, label)
 
     def unlabelled_view(self, image: torch.Tensor) -> torch.Tensor:
         """The fine-tuning augmentation of an unlabelled batch: ``intensity(warp(x, M))``."""
-        return self.augment.intensity(warp(image, self._matrices(image), self._out_hw()))
+        return self.augment(image)
 
     def _labelled_terms(self, logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict:
         """``loss_sup`` and the labelled view's ``image``, ``label``, ``pred`` from the logits of [labelled, ...]."""
