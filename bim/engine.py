@@ -87,6 +87,14 @@ def unwrap(network: torch.nn.Module) -> torch.nn.Module:
     return getattr(network, "_orig_mod", network)  # torch.compile
 
 
+def ensure_train_mode(network: torch.nn.Module) -> None:
+    """``network.train()`` where ``network`` or the module inside its wrappers is in eval mode (after a validation, a
+    panel): ``train()`` walks every module and sets each flag through ``nn.Module.__setattr__``, host time that a
+    training step would otherwise spend at every iteration (~0.4 ms for the U-Net's 140 modules on one CPU core)."""
+    if not (network.training and unwrap(network).training):
+        network.train()
+
+
 def uncompiled(network: torch.nn.Module) -> torch.nn.Module:
     """``network`` without ``torch.compile``'s wrapper (``_orig_mod``), any other wrapper kept (DistributedDataParallel's
     gradient hooks must run): what a function compiled as a whole calls."""

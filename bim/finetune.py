@@ -7,7 +7,7 @@ from monai.engines import SupervisedTrainer
 from monai.engines.utils import IterationEvents
 from monai.utils import CommonKeys as Keys
 
-from .engine import bf16_autocast
+from .engine import bf16_autocast, ensure_train_mode
 from .flags import as_flag
 from .segmentation import SegmentationAugment
 
@@ -45,7 +45,7 @@ class FineTuneTrainer(SupervisedTrainer):
 
     def _iteration(self, engine, batchdata: dict) -> dict:
         image, label = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)
-        engine.network.train()
+        ensure_train_mode(engine.network)
         engine.optimizer.zero_grad(set_to_none=engine.optim_set_to_none)
         with bf16_autocast(image.device, engine.bf16):
             logits = engine.inferer(image, engine.network)

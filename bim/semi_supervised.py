@@ -50,7 +50,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .data import RandomSliceSampler, SliceStore, read_items
-from .engine import bf16_autocast, uncompiled, unwrap
+from .engine import bf16_autocast, ensure_train_mode, uncompiled, unwrap
 from .flags import as_flag
 from .gpu_augment import host_to_device, random_affine_matrices, stage_on_device, warp
 from .inference import is_prepared
@@ -431,8 +431,7 @@ class SemiSupervisedMethod:
     # ---- the step
 
     def __call__(self, student: nn.Module, batch: dict, iteration: int) -> dict:
-        if not (student.training and unwrap(student).training):  # after a validation (train() walks every module)
-            student.train()
+        ensure_train_mode(student)  # after a validation
         ramp = sigmoid_rampup(iteration, self.settings.rampup_iterations)
         w = self.weight * ramp
         terms = self.losses(student, batch, iteration)

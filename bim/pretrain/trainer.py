@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from monai.engines import SupervisedTrainer
 
-from ..engine import bf16_autocast, unwrap
+from ..engine import bf16_autocast, ensure_train_mode, unwrap
 from ..flags import as_flag, require_choice
 from ..gpu_augment import EquivariantPairTransform, check_factor_range, pretrain_views
 
@@ -146,7 +146,7 @@ class BIMPretrainTrainer(SupervisedTrainer):
         return out
 
     def _iteration(self, engine, batchdata: dict[str, torch.Tensor]) -> dict:
-        engine.network.train()
+        ensure_train_mode(engine.network)
         engine.optimizer.zero_grad(set_to_none=True)
         out = self.compute_losses(batchdata)
         out["loss"].backward()
