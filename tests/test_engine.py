@@ -202,18 +202,11 @@ def test_compile_optimizer_step_off_leaves_the_optimizer_as_it_was():
 
 
 def test_ensure_train_mode_switches_only_a_network_left_in_eval_mode():
+    from modules import TrainCounted
+
     from bim.engine import ensure_train_mode
 
-    class Counted(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.calls = torch.nn.Conv2d(1, 1, 1), 0
-
-        def train(self, mode: bool = True):
-            self.calls += 1
-            return super().train(mode)
-
-    net = Counted()
+    net = TrainCounted()
     ensure_train_mode(net)
     assert net.calls == 0 and net.training  # a network in train mode is left alone (no walk of its modules)
     wrapped = torch.optim.swa_utils.AveragedModel(net)  # a wrapper in train mode around a module in eval mode

@@ -725,24 +725,11 @@ def test_the_step_trains_a_student_left_in_eval_mode_and_the_teacher_forwards_ea
     assert not any(m.training for m in step.teacher.modules())
 
 
-class _TrainHook(torch.nn.Module):
-    """A module whose ``train`` does more than set flags (counts its calls)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv, self.calls = torch.nn.Conv2d(1, 2, 1), 0
-
-    def train(self, mode: bool = True):
-        self.calls += 1
-        return super().train(mode)
-
-    def forward(self, x):
-        return self.conv(x)
-
-
 @pytest.mark.parametrize("hooked", [False, True])
 def test_the_teacher_runs_in_train_mode_inside_a_step_and_is_back_in_eval_mode_after(hooked):
-    net = _TrainHook() if hooked else build_unet(out_channels=2, features=(4, 8, 8, 16, 16, 4))
+    from modules import TrainCounted
+
+    net = TrainCounted(2) if hooked else build_unet(out_channels=2, features=(4, 8, 8, 16, 16, 4))
     step = _step("mean_teacher", net)
     before = getattr(step.teacher.module, "calls", 0)
     with step._teacher_mode():
