@@ -399,6 +399,7 @@ class SemiSupervisedMethod:
     name: ClassVar[str]
     uses_unlabelled: ClassVar[bool] = True
     uses_teacher: ClassVar[bool] = False
+    compiles_as_one_step: ClassVar[bool] = False  # the settings' compile_step: views, forwards and losses compiled
 
     def __init_subclass__(cls, name: str | None = None, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -413,6 +414,10 @@ class SemiSupervisedMethod:
             raise ValueError(f"the regulariser weight must be >= 0, got {weight}")
         if self.uses_teacher and settings.teacher is None:
             raise ValueError(f"method {self.name!r} needs a teacher (bim.semi_supervised.ema_teacher)")
+        if settings.compile_step and not self.compiles_as_one_step:
+            raise ValueError(f"compile_step: method {self.name!r} cannot compile its views, forwards and losses as one "
+                             f"function (only mean_teacher can; UA-MT draws random numbers inside its loss); set "
+                             f"compile_step false")
         self.settings, self.weight = settings, float(weight)
         self.augment, self.optimizer, self.num_classes = settings.augment, settings.optimizer, settings.num_classes
         self.teacher = settings.teacher
@@ -498,8 +503,7 @@ class SemiSupervisedMethod:
     @torch.no_grad()
     def teacher_prob(self, *xs: torch.Tensor) -> torch.Tensor:
         """The teacher's class probabilities [B, C, H, W] for ``x``, or for several batches (one forward each, as the
-        student's) concatenated, under one switch of its mode (a switch walks its 140 modules twice: ~0.6 ms of host
-        time on a CPU core)."""
+        student's) concatenated, under one switch of its mode (:meth:`_set_teacher_training`)."""
         with self._teacher_mode() as teacher:
             return self.teacher_prob_of(teacher, *xs)
 
@@ -557,18 +561,15 @@ class MeanTeacher(SemiSupervisedMethod, name="mean_teacher"):
     [1, 1] and flip 0 make it the identity."""
 
     uses_teacher = True
+    compiles_as_one_step = True
 
     def __init__(self, settings: StepSettings, weight: float, view_rotation_deg: float = 15.0,
                  view_scale_range: Sequence[float] = (0.9, 1.1), view_flip_prob: float = 0.5) -> None:
         super().__init__(settings, weight)
         self.view_rotation_deg, self.view_scale_range = float(view_rotation_deg), tuple(view_scale_range)
         self.view_flip_prob = float(view_flip_prob)
-        self.compiled_step_terms = None
-        if settings.compile_step:
-            if type(self).certain is not MeanTeacher.certain:
-                raise ValueError(f"compile_step: method {self.name!r} draws random numbers inside its loss, which one "
-                                 f"compiled function cannot hold; only mean_teacher supports it (set compile_step false)")
-            self.compiled_step_terms = torch.compile(self.step_terms, mode=settings.compile_mode)
+        self.compiled_step_terms = (torch.compile(self.step_terms, mode=settings.compile_mode) if settings.compile_step
+                                    else None)
 
     def view_matrices(self, batch: int) -> torch.Tensor:
         """The student's extra similarity A [B, 3, 3] (rotation, zoom, flips; no translation)."""
@@ -640,6 +641,8 @@ class UncertaintyAwareMeanTeacher(MeanTeacher, name="ua_mt"):
     """UA-MT: Mean Teacher whose consistency keeps the pixels where the teacher's uncertainty (:meth:`teacher_uncertainty`)
     is below :func:`uncertainty_threshold` (paced by ``total_iterations``); reports ``threshold`` and
     ``certain_fraction`` (of the pixels inside the teacher's view)."""
+
+    compiles_as_one_step = False  # its uncertainty passes draw noise inside the loss
 
     def __init__(self, settings: StepSettings, weight: float, total_iterations: int, uncertainty_passes: int = 4,
                  uncertainty_noise: float = 0.1, **view) -> None:

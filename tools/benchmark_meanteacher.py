@@ -26,8 +26,9 @@ as ``pretrain_bim`` since 0.2.6). Before this option the benchmark always autotu
 of autotuned cuDNN. With ``--compile True`` the teacher's forwards are compiled too, as meanteacher_seg does by default
 (its ``compile_teacher``, which also needs its ``compile``); ``--compile_teacher False`` leaves them eager (the default
 of this benchmark before the bundle's). ``--compile_optimizer`` runs the RAdam step through ``torch.compile``
-(``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does. ``--compile True --compile_step True``
-compiles the Mean Teacher step's views, forwards and losses as one function (meanteacher_seg's ``compile_step``).
+(``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does.
+``--compile True --compile_step True`` compiles the Mean Teacher step's views, forwards and losses as one function
+(meanteacher_seg's ``compile_step``).
 
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; the operators sorted by
 device time (on a GPU) and by host time go to PATH, and the JSON gains ``profile``: the device time per profiled step against
