@@ -84,3 +84,43 @@ def test_precision_recall_and_many_to_one_tell_a_split_structure_from_a_merged_o
     assert (q["LV"]["precision"], q["LV"]["recall"]) == pytest.approx((4 / 6, 1.0))
     assert q["LV"]["many_to_one_dice"] == pytest.approx(2 * 4 / (6 + 4)) and q["RV"]["many_to_one_dice"] == 0.0
     assert math.isnan(float(many_to_one_dice(merged)[2]))  # no Myo pixel: undefined, not 0
+
+
+def test_every_sub_head_is_scored_and_the_first_is_the_headline(demo_dataset, tmp_path):
+    from bim.pretrain.model import BIMClusterNet
+
+    torch.manual_seed(0)
+    net = BIMClusterNet(num_clusters=6, num_subheads=2, features=(4, 4, 8, 8, 16, 4)).eval()
+    x = torch.rand(2, 1, 32, 32)
+    both = net.subhead_map_probs(x)
+    assert both.shape == (2, 12, 32, 32) and torch.equal(both[:, :6], net.cluster_map_probs(x))
+    assert not torch.equal(both[:, :6], both[:, 6:])  # two independent heads
+    perm = torch.tensor([3, 5, 0, 1, 4, 2])  # sub-head 1: sub-head 0 with its clusters renumbered
+    with torch.no_grad():
+        net.cluster_head.heads[1].weight.copy_(net.cluster_head.heads[0].weight[perm])
+        net.cluster_head.heads[1].bias.copy_(net.cluster_head.heads[0].bias[perm])
+    handler = CQ.ClusterQualityHandler(str(demo_dataset), str(tmp_path / "q.json"), split="test", center_crop=10**4)
+    q = handler.score(net)
+    assert len(q["subheads"]) == 2 and q["subheads"][0]["classes"] == q["classes"]
+    for name, first in q["classes"].items():  # the same clustering, renumbered: the same scores, other indices
+        second = q["subheads"][1]["classes"][name]
+        assert second["pooled_dice"] == pytest.approx(first["pooled_dice"], rel=1e-12)
+        assert second["cluster"] == int(perm.argsort()[first["cluster"]])
+    # a window larger than every slice is the whole slice
+    assert q["center_crop"]["size"] == 10**4 and q["center_crop"]["classes"] == q["classes"]
+    small = CQ.ClusterQualityHandler(str(demo_dataset), str(tmp_path / "q.json"), split="test", center_crop=16).score(net)
+    assert small["classes"] == q["classes"] and small["center_crop"]["classes"] != q["classes"]
+    assert "center_crop" not in CQ.ClusterQualityHandler(str(demo_dataset), "q.json", split="test",
+                                                          center_crop=None).score(net)
+
+
+@pytest.mark.parametrize("size", [5, 6])
+def test_the_centre_window_is_the_fine_tune_evaluations_window(size):
+    from bim.inference import CenterCropSlicesd
+
+    volume = torch.arange(9 * 12 * 2).view(9, 12, 2)
+    window = CQ.ClusterQualityHandler(None, "q.json", center_crop=size)._center_window(volume)
+    expected = CenterCropSlicesd("label", size)({"label": volume[None]})["label"][0]
+    assert window.shape == (size, size, 2) and torch.equal(window, torch.as_tensor(expected))
+    with pytest.raises(ValueError, match="center_crop must be null or a positive int"):
+        CQ.ClusterQualityHandler(None, "q.json", center_crop=0)

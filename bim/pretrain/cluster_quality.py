@@ -18,6 +18,11 @@ For each labelled structure c and cluster k, with n_kc the pixels of cluster k i
   clusters given c is scored against c (the usual score of over-clustering, as in IIC): a structure split over
   several clusters that cover nothing else scores 1 here but less in the best-cluster Dice;
 - **NMI** between cluster and label over all pixels: ``I(K; C) / sqrt(H(K) H(C))``.
+
+These are the first sub-head's scores on the whole slice (what the panels show). The same scores are written for
+every sub-head (each an independent clustering of the same embedding, so they say how much a score owes to one
+head's initialisation) and for the first sub-head inside the centre 224 x 224 window of each slice (the authors'
+field of view on ACDC, where fewer tissues outside the heart share a cluster with a structure).
 """
 
 from __future__ import annotations
@@ -122,9 +127,13 @@ class ClusterQualityHandler:
     gathered counts, the same as one process's. A data set whose ``split`` list is empty or unlabelled (e.g. a folder of unlabelled NIfTI
     files) is skipped with a log line: the scores need labels, the pre-training does not."""
 
-    def __init__(self, dataset_dir, path: str, split: str = "validation", enabled: bool = True, max_scans: int = 50):
+    def __init__(self, dataset_dir, path: str, split: str = "validation", enabled: bool = True, max_scans: int = 50,
+                 center_crop: int | None = 224):
         self.dataset_dir, self.path, self.split = dataset_dir, Path(path), split
         self.enabled, self.max_scans = bool(enabled), int(max_scans)
+        if center_crop is not None and (isinstance(center_crop, bool) or not isinstance(center_crop, int) or center_crop < 1):
+            raise ValueError(f"center_crop must be null or a positive int of pixels, got {center_crop!r}")
+        self.center_crop = center_crop
 
     def attach(self, engine: Engine) -> None:
         if self.enabled:  # on every rank of a multi-GPU run: each scores its share of the scans (see score)
@@ -154,8 +163,36 @@ class ClusterQualityHandler:
     def _num_clusters(self, model) -> int:
         return int(model.cluster_head.num_clusters)
 
+    def _scan_subhead_clusters(self, model, items):
+        """Per entry of ``items``: (cluster index maps [S, H, W, D] of the S sub-heads, label map [H, W, D]), on the
+        CPU, in eval mode. A model without ``subhead_map_probs`` counts as one sub-head (``cluster_map_probs``)."""
+        subhead_probs = getattr(model, "subhead_map_probs", None)
+        if subhead_probs is None:
+            for clusters, label in self._scan_clusters(model, items=items):
+                yield clusters[None], label
+            return
+        device, k = next(model.parameters()).device, self._num_clusters(model)
+        load, infer = volume_loader(with_label=True), SliceBatchInferer(divisor=16, max_slices=16)
+        for it in items:
+            d = load(it)
+            image = torch.as_tensor(d["image"], device=device)[None, None]  # [1, 1, H, W, D]
+            probs = infer(image, subhead_probs)[0]  # [S * K, H, W, D]
+            yield probs.view(-1, k, *probs.shape[1:]).argmax(1).cpu(), torch.as_tensor(d["label"]).long()
+
+    def _center_window(self, volume: torch.Tensor) -> torch.Tensor:
+        """The centre ``center_crop`` x ``center_crop`` window of every slice of ``volume`` [H, W, D] (the whole
+        slice along an axis shorter than the window), placed as :class:`bim.inference.CenterCropSlicesd` places it."""
+        from monai.transforms import CenterSpatialCrop
+
+        window = CenterSpatialCrop((self.center_crop, self.center_crop, -1))(volume[None])[0]
+        return window.as_tensor() if hasattr(window, "as_tensor") else window
+
     @torch.no_grad()
     def score(self, model) -> dict | None:
+        """The scores of the module docstring for the first sub-head on the whole slice (the top-level entries),
+        plus ``subheads`` (the same scores for every sub-head, the first included) and, when ``center_crop`` is
+        set, ``center_crop`` (the first sub-head scored inside the centre window of each slice: the authors'
+        field of view on ACDC)."""
         items, names = self._labelled_items()
         if not items or not names:
             logger.info(f"cluster quality: no labelled {self.split!r} scans (or no label names): not scored")
@@ -164,12 +201,22 @@ class ClusterQualityHandler:
         model.eval()
         rank, world = rank_and_world()
         start, stop = share_bounds(len(items), rank, world)  # each rank its block of scans, gathered in order
-        counts = [contingency(clusters, label, self._num_clusters(model), max(names) + 1)
-                  for clusters, label in self._scan_clusters(model, items=items[start:stop])]
+        num_clusters, num_classes = self._num_clusters(model), max(names) + 1
+        counts, window = [], []  # per scan: [S, K, C] counts of every sub-head; [K, C] of the first in the window
+        for clusters, label in self._scan_subhead_clusters(model, items[start:stop]):
+            counts.append(torch.stack([contingency(c, label, num_clusters, num_classes) for c in clusters]))
+            if self.center_crop is not None:
+                window.append(contingency(self._center_window(clusters[0]), self._center_window(label),
+                                          num_clusters, num_classes))
         counts = [c for share in all_gather_objects(counts) for c in share]
+        window = [c for share in all_gather_objects(window) for c in share]
         if was_training:
             model.train()
-        return {"split": self.split, **cluster_quality(counts, names)}
+        out = {"split": self.split, **cluster_quality([c[0] for c in counts], names)}
+        out["subheads"] = [cluster_quality([c[s] for c in counts], names) for s in range(counts[0].shape[0])]
+        if self.center_crop is not None:
+            out["center_crop"] = {"size": self.center_crop, **cluster_quality(window, names)}
+        return out
 
     @torch.no_grad()
     def path_dependence(self, model, levels=(0, 1, 2, 3, 4)) -> dict | None:
@@ -241,8 +288,13 @@ class ClusterQualityHandler:
         atomic_write_text(json.dumps(result, indent=2), self.path)
         summary = ", ".join(f"{n} {v['pooled_dice']:.3f} (per scan {v['per_scan_dice']:.3f}, many-to-one "
                             f"{v['many_to_one_dice']:.3f})" for n, v in result["classes"].items())
+        heads = "; ".join(f"sub-head {s}: " + ", ".join(f"{n} {v['pooled_dice']:.3f}" for n, v in h["classes"].items())
+                          for s, h in enumerate(result.get("subheads", [])[1:], start=1))
+        window = result.get("center_crop")
+        window = (f"; centre {window['size']} x {window['size']}: " + ", ".join(
+            f"{n} {v['pooled_dice']:.3f}" for n, v in window["classes"].items())) if window else ""
         logger.info(f"cluster quality on {result['scans']} {self.split} scans: best-cluster Dice {summary}; "
-                    f"NMI {result['nmi']:.3f} -> {self.path}")
+                    f"NMI {result['nmi']:.3f}{window}{'; ' + heads if heads else ''} -> {self.path}")
 
 
 def load_pretrain_checkpoint(network: torch.nn.Module, checkpoint: str) -> None:

@@ -106,6 +106,16 @@ class BIMClusterNet(nn.Module):
         the panels and the cluster scores show."""
         return torch.softmax(self.cluster_logits(x, [int(k) for k in ablate_levels] or None).float(), dim=1)
 
+    @torch.jit.unused
+    def subhead_map_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Every sub-head's cluster probabilities (softmax in fp32) at the image's resolution, concatenated on the
+        channels: [B, S * K, H, W], sub-head s in channels ``s * K`` ... ``(s + 1) * K - 1``; the first K channels
+        are :meth:`cluster_map_probs`. Each sub-head is an independent clustering of the same embedding."""
+        dense, size = self.embeddings(x)[1], x.shape[-2:]
+        logits = [head(dense) for head in self.cluster_head.heads]
+        return torch.cat([torch.softmax((F.interpolate(z, size=size, mode="nearest") if z.shape[-2:] != size else z)
+                                        .float(), dim=1) for z in logits], dim=1)
+
 
 class BIMPretrainNet(nn.Module):
     """The pre-training network: ``cluster_net`` (a :class:`BIMClusterNet`, trained in place) with
@@ -144,6 +154,10 @@ class BIMPretrainNet(nn.Module):
     def cluster_map_probs(self, x: torch.Tensor, ablate_levels=()) -> torch.Tensor:
         """See :meth:`BIMClusterNet.cluster_map_probs`."""
         return self.cluster_net.cluster_map_probs(x, ablate_levels)
+
+    def subhead_map_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """See :meth:`BIMClusterNet.subhead_map_probs`."""
+        return self.cluster_net.subhead_map_probs(x)
 
 
 def upgrade_pretrain_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -156,6 +156,10 @@ def result_of(run: Run, out: Path) -> dict:
                 for key in ("many_to_one_dice", "precision", "recall"):  # absent from pretrain_bim < 0.2.1
                     if key in v:
                         res[f"cq_{name}_{key.removesuffix('_dice')}"] = v[key]
+            for name, v in q.get("center_crop", {}).get("classes", {}).items():  # pretrain_bim >= 0.5.4
+                res[f"cq_{name}_centre"] = v["pooled_dice"]
+            for name in q["classes"] if q.get("subheads") else ():  # the mean over the independent sub-heads
+                res[f"cq_{name}_subheads"] = sum(h["classes"][name]["pooled_dice"] for h in q["subheads"]) / len(q["subheads"])
         return res
     summaries = test_evaluations(out, "_summary.json")
     best = out / "best_metric.json"
