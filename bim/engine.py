@@ -301,15 +301,20 @@ class CudaGraphsCheck:
 def compile_optimizer_step(optimizer: torch.optim.Optimizer, enabled=True) -> torch.optim.Optimizer:
     """``optimizer`` itself, its ``step`` run through ``torch.compile`` (default mode) when ``enabled``: the foreach
     updates of every parameter fused into a few kernels, with no per-parameter arithmetic on the host (RAdam has no
-    ``fused`` implementation in torch). Same arithmetic as the eager step up to float rounding; the learning rate may
-    change every iteration without a recompilation (the float is an input of the graph, not a constant). Works
-    before or after an LR scheduler wraps the step (the scheduler's record of the call is kept); CUDA graphs are not
-    used for it (the step updates its inputs in place, which CUDA graphs refuse)."""
+    ``fused`` implementation in torch). Same arithmetic as the eager step up to float rounding. Each group's learning
+    rate is held as a 0-dim tensor (also after ``load_state_dict``), which an LR scheduler updates in place, so the
+    LR may change every iteration without a recompilation: torch's recipe for a compiled optimizer under a scheduler
+    (with a Python float, some torch versions make the LR a constant of the graph and recompile at every change, up
+    to the recompile limit, after which the step runs eagerly). Works before or after an LR scheduler wraps the
+    step (the scheduler's record of the call is kept); CUDA graphs are not used for it (the step updates its inputs
+    in place, which CUDA graphs refuse)."""
     if not as_flag(enabled, "compile_optimizer"):
         return optimizer
     step = optimizer.step
     if getattr(step, "_compiled_optimizer_step", False):
         return optimizer
+    _lr_as_tensor(optimizer)
+    optimizer.register_load_state_dict_post_hook(_lr_as_tensor)
     if isinstance(step, types.MethodType):  # no scheduler yet: keep a bound method, which a scheduler can wrap
         compiled = types.MethodType(torch.compile(step.__func__), optimizer)
     else:  # a scheduler's wrapper: compiled as is (functools.wraps keeps its marker, so the scheduler still sees it)
@@ -320,6 +325,13 @@ def compile_optimizer_step(optimizer: torch.optim.Optimizer, enabled=True) -> to
         compiled.__func__._compiled_optimizer_step = True
     optimizer.step = compiled
     return optimizer
+
+
+def _lr_as_tensor(optimizer: torch.optim.Optimizer) -> None:
+    """Every param group's ``lr`` as a 0-dim float32 tensor on the CPU (a tensor already stays as it is)."""
+    for group in optimizer.param_groups:
+        if not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(float(group["lr"]))
 
 
 class ResumeFromCheckpoint:

@@ -191,6 +191,23 @@ def test_the_compiled_optimizer_step_is_the_eager_step_and_follows_the_lr_schedu
     assert graphs[0] >= 1 and graphs[1] == graphs[0]  # the LR changed at every step; no new graph for it
 
 
+def test_the_compiled_steps_lr_is_a_tensor_the_scheduler_updates_in_place_also_after_loading_a_float_lr():
+    from bim.engine import compile_optimizer_step
+
+    net = torch.nn.Linear(3, 2)
+    opt = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=1e-2))
+    lr = opt.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.dim() == 0 and float(lr) == pytest.approx(1e-2)
+    scheduler = warmup_cosine_scheduler(opt, epochs=2, iters_per_epoch=2, warmup_epochs=1, start_ratio=0.5)
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(5e-3)  # filled in place
+    scheduler.step()
+    assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(7.5e-3)
+    state = opt.state_dict()
+    state["param_groups"][0]["lr"] = 2e-3  # a checkpoint of an eager run holds a float
+    opt.load_state_dict(state)
+    assert isinstance(opt.param_groups[0]["lr"], torch.Tensor) and float(opt.param_groups[0]["lr"]) == pytest.approx(2e-3)
+
+
 def test_compile_optimizer_step_off_leaves_the_optimizer_as_it_was():
     from bim.engine import compile_optimizer_step
 

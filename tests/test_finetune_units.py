@@ -520,12 +520,15 @@ def test_cpu_inference_runs_in_bf16_only_where_the_cpu_has_it_and_keeps_the_segm
     scan = torch.rand(1, 1, 40, 40, 3)
     with torch.inference_mode():
         fp32 = SliceBatchInferer(amp=True)(scan, net)
+        fp32_in_twos = SliceBatchInferer(amp=True, max_slices=2)(scan, net)  # the same chunks as ``mixed``
         off = SliceBatchInferer(amp=False, cpu_bf16=True)(scan, net)
         mixed = SliceBatchInferer(amp=True, cpu_bf16=True, max_slices=2)(scan, net)  # may make net channels-last
     assert mixed.dtype == fp32.dtype == torch.float32 and mixed.shape == fp32.shape
     torch.testing.assert_close(off, fp32, rtol=0, atol=0)
     if not cpu_has_native_bf16():
-        torch.testing.assert_close(mixed, fp32, rtol=0, atol=0)
+        # bit for bit against fp32 run in the same chunks (a batch of 2 and one of 3 may take different convolution
+        # kernels on some CPUs, e.g. AVX2 without AVX-512, which moves the 7th digit)
+        torch.testing.assert_close(mixed, fp32_in_twos, rtol=0, atol=0)
         return
     assert not torch.equal(mixed, fp32)  # bf16 really ran
     # bf16 keeps 8 bits of mantissa: the logits move by a few parts in 2**8 of their scale, the argmax hardly at all

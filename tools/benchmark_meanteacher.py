@@ -9,9 +9,9 @@
 
 Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
 the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
-in fp32, RAdam step, EMA update of the teacher) on random slices already on the device (``size`` x ``size``, the
-crop size too). Student images per step = ``batch_size + unlabelled_batch_size``. Prints one JSON object:
-device, ms/step, student images/s, peak memory, the losses of the warm-up steps (same seeds in every run: two runs
+in fp32, RAdam step, EMA update of the teacher, the bundle's LR schedule stepped every iteration) on random
+slices already on the device (``size`` x ``size``, the crop size too). Student images per step =
+``batch_size + unlabelled_batch_size``. Prints one JSON object: device, ms/step, student images/s, peak memory, the losses of the warm-up steps (same seeds in every run: two runs
 that differ only in how the step is compiled agree to bf16 rounding and cuDNN's choice of algorithms),
 ``cudagraph_skips`` (compiled graphs that run without the CUDA graphs ``--compile_mode reduce-overhead`` asks for;
 ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS
@@ -60,7 +60,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10,
          compile_optimizer: bool | None = None, compile_step: bool = False) -> None:
     from bim import semi_supervised as ss
-    from bim.engine import compile_optimizer_step, cudagraph_skips
+    from bim.engine import compile_optimizer_step, cudagraph_skips, warmup_cosine_scheduler
     from bim.flags import require_flags
     from bim.network import build_unet
     from bim.segmentation import SegmentationAugment
@@ -83,7 +83,9 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     generator = torch.Generator().manual_seed(0)
     net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
     teacher = ss.ema_teacher(net, 0.99)
-    optimizer = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=1e-4), compile_optimizer)
+    optimizer = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=2e-5), compile_optimizer)
+    # meanteacher_seg's schedule (its defaults): the LR changes at every iteration, as in a training run
+    scheduler = warmup_cosine_scheduler(optimizer, epochs=50, iters_per_epoch=200, warmup_epochs=10, start_ratio=0.005)
     settings = ss.StepSettings(SegmentationAugment(crop_size=size, generator=generator), optimizer, num_classes,
                                teacher=teacher, rampup_iterations=100, bf16=bf16, channels_last=channels_last,
                                compile_teacher=compile and compile_teacher, compile_mode=compile_mode,
@@ -100,18 +102,23 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         j = torch.randint(0, 256, (max(1, unlabelled_batch_size),), generator=g).to(dev)
         return {"image": pool_l[i], "label": labels[i], "unlabelled": pool_u[j]}
 
-    warmup_losses = [round(float(step(student, batch(), it)["loss"]), 5) for it in range(warmup)]
+    def scheduled_step(batch_, it):
+        out = step(student, batch_, it)
+        scheduler.step()
+        return out
+
+    warmup_losses = [round(float(scheduled_step(batch(), it)["loss"]), 5) for it in range(warmup)]
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     batches = [batch() for _ in range(min(iterations, 8))]
     start = time.perf_counter()
     for it in range(iterations):
-        step(student, batches[it % len(batches)], warmup + it)
+        scheduled_step(batches[it % len(batches)], warmup + it)
     _sync(dev)
     seconds = (time.perf_counter() - start) / iterations
     profiled = {}
     if profile:
-        profiled = {"profile": _profile_steps(lambda it: step(student, batches[it % len(batches)], it), dev,
+        profiled = {"profile": _profile_steps(lambda it: scheduled_step(batches[it % len(batches)], it), dev,
                                               warmup + iterations, int(profile_steps), profile)}
     images = batch_size + (unlabelled_batch_size if step.uses_unlabelled else 0)
     result = {
