@@ -35,8 +35,10 @@ from monai.inferers import Inferer
 from monai.transforms import InvertibleTransform, MapTransform
 
 from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast, unwrap
+from .onnx_cpu import ONNX_SIZE_MULTIPLE, OnnxRuntimeNetwork, onnxruntime_available
 
 logger = logging.getLogger("bim")
+CPU_BACKENDS = ("torch", "onnxruntime", "auto")
 
 
 class CenterCropSlicesd:
@@ -70,21 +72,63 @@ class SliceBatchInferer(Inferer):
     ``divisor`` and the output is cropped back. ``max_slices`` bounds the batch (None: all slices at once).
     On CUDA the network runs under bf16 autocast when ``amp``; on the CPU too when ``cpu_bf16`` and the CPU has
     native bf16, with the network and slices in channels-last layout (the network is converted in place; its
-    weights are unchanged). Outputs are fp32.
+    weights are unchanged). Outputs are fp32. ``cpu_backend`` (CPU only): ``torch``; ``onnxruntime``, the network run
+    in fp32 by ONNX Runtime (:class:`~bim.onnx_cpu.OnnxRuntimeNetwork`, about 1.8x faster than torch's fp32 on an
+    AVX2 CPU; needs ``divisor`` a multiple of 16); ``auto``, ONNX Runtime where torch would run fp32 (no bf16
+    autocast) and onnx / onnxruntime are installed, else torch (an export that fails is logged and torch runs).
 
     Kept rather than MONAI's :class:`~monai.inferers.SliceInferer` (``roi_size=(-1, -1)``, ``spatial_dim=2``: a
     sliding window of whole slices, the same logits): that neither pads to a multiple of 16 nor runs bf16 channels-last
     on the CPU, and with both added around it it ran 2-8 % slower (10 x 384^2 slices, 2 CPU threads, bf16).
     """
 
-    def __init__(self, divisor: int = 16, max_slices: int | None = None, amp: bool = True, cpu_bf16: bool = False) -> None:
+    def __init__(self, divisor: int = 16, max_slices: int | None = None, amp: bool = True, cpu_bf16: bool = False,
+                 cpu_backend: str = "torch") -> None:
         super().__init__()
         if divisor < 1:
             raise ValueError(f"divisor must be >= 1, got {divisor}")
+        if cpu_backend not in CPU_BACKENDS:
+            raise ValueError(f"cpu_backend must be one of {', '.join(CPU_BACKENDS)}, got {cpu_backend!r}")
+        if cpu_backend == "onnxruntime" and divisor % ONNX_SIZE_MULTIPLE:
+            raise ValueError(f"cpu_backend 'onnxruntime' needs divisor a multiple of {ONNX_SIZE_MULTIPLE}, got {divisor}")
         self.divisor, self.max_slices, self.amp, self.cpu_bf16 = int(divisor), max_slices, bool(amp), bool(cpu_bf16)
+        self.cpu_backend = cpu_backend
+        self._onnx: dict[int, OnnxRuntimeNetwork | None] = {}  # id(network) -> its ONNX Runtime copy (None: torch)
 
     def _cpu_bf16_active(self, x: torch.Tensor) -> bool:
         return self.amp and self.cpu_bf16 and x.device.type == "cpu" and cpu_has_native_bf16()
+
+    def _onnx_network(self, x: torch.Tensor, network, extra_args: bool) -> OnnxRuntimeNetwork | None:
+        """The ONNX Runtime copy of ``network`` that runs these slices, or None where torch runs them."""
+        if x.device.type != "cpu" or self.cpu_backend == "torch":
+            return None
+        if self.cpu_backend == "auto" and (self._cpu_bf16_active(x) or self.divisor % ONNX_SIZE_MULTIPLE or extra_args
+                                           or not isinstance(network, torch.nn.Module) or not onnxruntime_available()):
+            return None
+        if not isinstance(network, torch.nn.Module) or extra_args:
+            raise ValueError("cpu_backend 'onnxruntime' runs a torch.nn.Module called with the slices alone; "
+                             "set cpu_backend to torch")
+        key = id(network)
+        if key not in self._onnx:
+            self._onnx[key] = OnnxRuntimeNetwork(network, in_channels=x.shape[1])
+            logger.info(f"CPU inference through ONNX Runtime (fp32, {torch.get_num_threads()} threads)")
+        return self._onnx[key]
+
+    def runs_onnxruntime(self, network) -> bool:
+        """Whether ONNX Runtime ran ``network``'s last slices (False: torch did, or it has not run yet)."""
+        return self._onnx.get(id(network)) is not None
+
+    def _forward(self, network, onnx: OnnxRuntimeNetwork | None, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if onnx is not None and self._onnx.get(id(network)) is onnx:
+            try:
+                return onnx(x)
+            except Exception as e:  # noqa: BLE001 -- auto falls back to torch, naming the cause once
+                if self.cpu_backend != "auto":
+                    raise
+                logger.warning(f"cpu_backend auto: ONNX Runtime could not run the network ({type(e).__name__}: {e}); "
+                               f"torch runs it")
+                self._onnx[id(network)] = None
+        return network(x, *args, **kwargs)
 
     def run_slices(self, slices: torch.Tensor, network, *args, **kwargs) -> torch.Tensor:
         h, w = slices.shape[-2:]
@@ -93,13 +137,14 @@ class SliceBatchInferer(Inferer):
         x = F.pad(slices, pad) if ph or pw else slices
         chunk = self.max_slices or x.shape[0]
         outs = []
-        if self._cpu_bf16_active(x):
+        onnx = self._onnx_network(x, network, bool(args or kwargs))
+        if onnx is None and self._cpu_bf16_active(x):
             if isinstance(network, torch.nn.Module):
                 network = network.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
-        with inference_autocast(x.device, self.amp, self.cpu_bf16):
+        with inference_autocast(x.device, self.amp and onnx is None, self.cpu_bf16):
             for start in range(0, x.shape[0], chunk):
-                outs.append(network(x[start : start + chunk], *args, **kwargs))
+                outs.append(self._forward(network, onnx, x[start : start + chunk], *args, **kwargs))
         y = torch.cat(outs).float()
         return y[..., pad[2] : pad[2] + h, pad[0] : pad[0] + w]
 

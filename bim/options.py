@@ -137,6 +137,10 @@ OPTIONS: dict[str, Option] = {
     "bn_momentum": Option("BatchNorm momentum; null: the U-Net style's (monai 0.1, authors 0.01; runs of a few hundred "
                           "iterations need 0.1 for usable running statistics)"),
     "amp": Option("bf16 autocast on CUDA", "bool"),
+    "cpu_bf16": Option("inference on a CPU with native bf16 (AVX512-BF16 or AMX): bf16 autocast, channels-last", "bool"),
+    "cpu_backend": Option("what runs the network in CPU inference: torch, onnxruntime (fp32, needs onnx and "
+                          "onnxruntime) or auto (onnxruntime where torch would run fp32 and it is installed)",
+                          choices=("torch", "onnxruntime", "auto")),
     "compile": Option("torch.compile the training step (default: on CUDA)", "bool"),
     "compile_teacher": Option("torch.compile the teacher too", "bool"),
     "compile_step": Option("torch.compile a Mean Teacher step's views, forwards and losses as one function", "bool"),

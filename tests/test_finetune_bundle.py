@@ -19,6 +19,8 @@ import pytest
 import torch
 from tolerance import assert_close_to_scale, conv_reduction_length
 
+from bim.onnx_cpu import onnxruntime_available
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "bundles" / "finetune_seg"
 CONFIGS = BUNDLE / "configs"
@@ -157,6 +159,24 @@ def test_inference_writes_masks_in_the_input_geometry(finetuned, tmp_path):
     assert set(np.unique(pred)) <= {0, 1}
     dice = 2 * np.logical_and(pred == 1, truth).sum() / ((pred == 1).sum() + truth.sum())
     assert dice > 0.5, dice
+
+
+@pytest.mark.skipif(not onnxruntime_available(), reason="onnx and onnxruntime are not installed")
+def test_inference_through_onnxruntime_writes_torchs_masks(finetuned, tmp_path):
+    """inference.json's ``cpu_backend``: ONNX Runtime's fp32 logits are torch's up to rounding, so the masks agree
+    (a voxel may flip only where two classes' logits tie to ~1e-6)."""
+    import nibabel as nib
+
+    image, _ = _raw_scan(tmp_path)
+    masks = {}
+    for backend in ("torch", "onnxruntime"):
+        out = tmp_path / backend
+        proc = run_config("inference.json", dataset_dir=image.parent, output_dir=out,
+                          ckpt_path=finetuned["dir"] / "model.pt", features=SMALL, task="lv", cpu_backend=backend)
+        assert ("through ONNX Runtime" in proc.stdout + proc.stderr) is (backend == "onnxruntime")
+        masks[backend] = np.asarray(nib.load(out / "case_seg.nii.gz").dataobj)
+    assert masks["torch"].sum() > 0
+    assert float((masks["torch"] == masks["onnxruntime"]).mean()) >= 0.9999
 
 
 def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):

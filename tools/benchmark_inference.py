@@ -3,9 +3,13 @@
     python tools/benchmark_inference.py --device cpu --threads 2
     python tools/benchmark_inference.py --device cpu --threads 2 --cpu_bf16 True   # as inference.json runs on a CPU with native bf16
     python tools/benchmark_inference.py --device cuda            # bf16 autocast on CUDA
+    python tools/benchmark_inference.py --device cpu --threads 2 --cpu_bf16 True --max_slices 2 --cpu_backend auto
+                                                                 # as inference.json runs on this CPU
+    python tools/benchmark_inference.py --device cpu --threads 2 --max_slices 2 --cpu_backend onnxruntime
 
-Each timed run segments one scan the way the bundle does (``SliceBatchInferer``: all slices as one batch,
-padded to a multiple of 16, then softmax + argmax), after ``warmup`` untimed runs.
+Each timed run segments one scan the way the bundle does (``SliceBatchInferer``: all slices as one batch, or
+``max_slices`` at a time, padded to a multiple of 16, then softmax + argmax), after ``warmup`` untimed runs.
+``first_run_ms`` is the first untimed run, which with ONNX Runtime includes the network's export (once a process).
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ def benchmark(
     max_slices: int | None = None,
     features: tuple = PAPER_FEATURES,
     cpu_bf16: bool = False,
+    cpu_backend: str = "torch",
 ) -> dict:
     """Time ``runs`` inferences of one [1, 1, size, size, slices] scan on ``device`` (``threads``: torch threads
-    on the CPU; ``amp``: bf16 autocast on CUDA, and on the CPU with ``cpu_bf16`` where it has native bf16; ``max_slices``: slices per forward pass, None = all).
+    on the CPU; ``amp``: bf16 autocast on CUDA, and on the CPU with ``cpu_bf16`` where it has native bf16; ``max_slices``:
+    slices per forward pass, None = all; ``cpu_backend``: torch, onnxruntime or auto, as inference.json's key).
     Returns and prints the numbers as JSON."""
     if threads:
         torch.set_num_threads(int(threads))
@@ -48,7 +54,7 @@ def benchmark(
     net = build_unet(out_channels=num_classes, features=tuple(features)).to(dev).eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net = net.to(memory_format=memory_format)
-    inferer = SliceBatchInferer(divisor=16, max_slices=max_slices, amp=amp, cpu_bf16=cpu_bf16)
+    inferer = SliceBatchInferer(divisor=16, max_slices=max_slices, amp=amp, cpu_bf16=cpu_bf16, cpu_backend=cpu_backend)
     scan = torch.rand(1, 1, size, size, slices, device=dev)
 
     def once() -> float:
@@ -63,7 +69,10 @@ def benchmark(
             mask.sum().item()
         return (time.perf_counter() - start) * 1000.0
 
-    for _ in range(warmup):
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the first run, timed apart as first_run_ms), got {warmup}")
+    first = once()
+    for _ in range(warmup - 1):
         once()
     times = [once() for _ in range(runs)]
     result = {
@@ -79,6 +88,9 @@ def benchmark(
         "num_classes": num_classes,
         "max_slices": max_slices,
         "channels_last": bool(channels_last),
+        "cpu_backend": cpu_backend,
+        "onnxruntime": inferer.runs_onnxruntime(net),
+        "first_run_ms": round(first, 2),
         "torch": torch.__version__,
     }
     print(json.dumps(result))
