@@ -73,7 +73,7 @@ class SliceBatchInferer(Inferer):
     On CUDA the network runs under bf16 autocast when ``amp``; on the CPU too when ``cpu_bf16`` and the CPU has
     native bf16, with the network and slices in channels-last layout (the network is converted in place; its
     weights are unchanged). Outputs are fp32. ``cpu_backend`` (CPU only): ``torch``; ``onnxruntime``, the network run
-    in fp32 by ONNX Runtime (:class:`~bim.onnx_cpu.OnnxRuntimeNetwork`, about 1.8x faster than torch's fp32 on an
+    in fp32 by ONNX Runtime (:class:`~bim.onnx_cpu.OnnxRuntimeNetwork`, 1.5-1.9x faster than torch's fp32 on an
     AVX2 CPU; needs ``divisor`` a multiple of 16); ``auto``, ONNX Runtime where torch would run fp32 (no bf16
     autocast) and onnx / onnxruntime are installed, else torch (an export that fails is logged and torch runs).
 

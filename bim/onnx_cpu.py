@@ -1,7 +1,7 @@
 """A 2D network run by ONNX Runtime on the CPU, for inference on CPUs without native bf16.
 
 On such CPUs (AVX2 without AVX512-BF16 or AMX) the U-Net runs in fp32, where ONNX Runtime's convolutions are about
-1.8x faster than torch's (``tools/benchmark_inference.py --backend``). :class:`OnnxRuntimeNetwork` exports the
+1.5-1.9x faster than torch's (``tools/benchmark_inference.py --cpu_backend``). :class:`OnnxRuntimeNetwork` exports the
 network once with MONAI's :func:`~monai.networks.utils.convert_to_onnx` (batch, height and width dynamic) and
 exports it again when its weights change. ``onnx`` and ``onnxruntime`` are optional: :func:`onnxruntime_available`
 says whether both import.
