@@ -7,15 +7,16 @@
                                           [--compile_teacher True] [--compile_optimizer None] [--compile_step False]
                                           [--profile PATH --profile_steps 10]
 
-Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both batches on
-the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``, losses
-in fp32, RAdam step, EMA update of the teacher, the bundle's LR schedule stepped every iteration) on random
+Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both
+batches on the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``,
+losses in fp32, RAdam step, EMA update of the teacher, the bundle's LR schedule stepped every iteration) on random
 slices already on the device (``size`` x ``size``, the crop size too). Student images per step =
-``batch_size + unlabelled_batch_size``. Prints one JSON object: device, ms/step, student images/s, peak memory, the losses of the warm-up steps (same seeds in every run: two runs
-that differ only in how the step is compiled agree to bf16 rounding and cuDNN's choice of algorithms),
-``cudagraph_skips`` (compiled graphs that run without the CUDA graphs ``--compile_mode reduce-overhead`` asks for;
-``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS
-Mean Teacher runs ~400 student images/s on an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net (32-512) at 224 x 224.
+``batch_size + unlabelled_batch_size``. Prints one JSON object: device, ms/step, student images/s, peak memory, the losses of the
+warm-up steps (same seeds in every run: two runs that differ only in how the step is compiled agree to bf16 rounding
+and cuDNN's choice of algorithms), ``cudagraph_skips`` (compiled graphs that run without the CUDA graphs
+``--compile_mode reduce-overhead`` asks for; ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS Mean
+Teacher runs ~400 student images/s on an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net
+(32-512) at 224 x 224.
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
 batch of the paper (finetune_seg's step has the same work). ``--compile True --compile_mode reduce-overhead``
