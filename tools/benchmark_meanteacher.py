@@ -11,11 +11,11 @@ Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.M
 batches on the device, student forward/backward on labelled + unlabelled views, teacher forward under ``no_grad``,
 losses in fp32, RAdam step, EMA update of the teacher, the bundle's LR schedule stepped every iteration) on random
 slices already on the device (``size`` x ``size``, the crop size too). Student images per step =
-``batch_size + unlabelled_batch_size``. Prints one JSON object: device, ms/step, student images/s, peak memory, the losses of the
-warm-up steps (same seeds in every run: two runs that differ only in how the step is compiled agree to bf16 rounding
-and cuDNN's choice of algorithms), ``cudagraph_skips`` (compiled graphs that run without the CUDA graphs
-``--compile_mode reduce-overhead`` asks for; ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS Mean
-Teacher runs ~400 student images/s on an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net
+``batch_size + unlabelled_batch_size``. Prints one JSON object: device, ms/step, student images/s, peak memory, the
+losses of the warm-up steps (same seeds in every run: two runs that differ only in how the step is compiled agree to
+bf16 rounding and cuDNN's choice of algorithms), ``cudagraph_skips`` (compiled graphs that run without the CUDA
+graphs ``--compile_mode reduce-overhead`` asks for; ``TORCH_LOGS=cudagraphs`` says why). For comparison, SSL4MIS
+Mean Teacher runs ~400 student images/s on an H200; the target is >= 1,500 on one H100/H200 with the paper's U-Net
 (32-512) at 224 x 224.
 
 ``--method supervised --batch_size 5 --unlabelled_batch_size 0`` times the labelled step alone, at the fine-tuning
