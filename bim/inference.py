@@ -93,7 +93,9 @@ class SliceBatchInferer(Inferer):
             raise ValueError(f"cpu_backend 'onnxruntime' needs divisor a multiple of {ONNX_SIZE_MULTIPLE}, got {divisor}")
         self.divisor, self.max_slices, self.amp, self.cpu_bf16 = int(divisor), max_slices, bool(amp), bool(cpu_bf16)
         self.cpu_backend = cpu_backend
-        self._onnx: dict[int, OnnxRuntimeNetwork | None] = {}  # id(network) -> its ONNX Runtime copy (None: torch)
+        # the last network run on the CPU and its ONNX Runtime copy (None: torch runs it); one slot, so a server that
+        # loads new networks keeps no old copies
+        self._onnx: tuple[torch.nn.Module, OnnxRuntimeNetwork | None] | None = None
 
     def _cpu_bf16_active(self, x: torch.Tensor) -> bool:
         return self.amp and self.cpu_bf16 and x.device.type == "cpu" and cpu_has_native_bf16()
@@ -108,18 +110,17 @@ class SliceBatchInferer(Inferer):
         if not isinstance(network, torch.nn.Module) or extra_args:
             raise ValueError("cpu_backend 'onnxruntime' runs a torch.nn.Module called with the slices alone; "
                              "set cpu_backend to torch")
-        key = id(network)
-        if key not in self._onnx:
-            self._onnx[key] = OnnxRuntimeNetwork(network, in_channels=x.shape[1])
+        if self._onnx is None or self._onnx[0] is not network:
+            self._onnx = (network, OnnxRuntimeNetwork(network, in_channels=x.shape[1]))
             logger.info(f"CPU inference through ONNX Runtime (fp32, {torch.get_num_threads()} threads)")
-        return self._onnx[key]
+        return self._onnx[1]
 
     def runs_onnxruntime(self, network) -> bool:
         """Whether ONNX Runtime ran ``network``'s last slices (False: torch did, or it has not run yet)."""
-        return self._onnx.get(id(network)) is not None
+        return self._onnx is not None and self._onnx[0] is network and self._onnx[1] is not None
 
     def _forward(self, network, onnx: OnnxRuntimeNetwork | None, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if onnx is not None and self._onnx.get(id(network)) is onnx:
+        if onnx is not None and self._onnx is not None and self._onnx[0] is network and self._onnx[1] is onnx:
             try:
                 return onnx(x)
             except Exception as e:  # noqa: BLE001 -- auto falls back to torch, naming the cause once
@@ -127,7 +128,7 @@ class SliceBatchInferer(Inferer):
                     raise
                 logger.warning(f"cpu_backend auto: ONNX Runtime could not run the network ({type(e).__name__}: {e}); "
                                f"torch runs it")
-                self._onnx[id(network)] = None
+                self._onnx = (network, None)
         return network(x, *args, **kwargs)
 
     def run_slices(self, slices: torch.Tensor, network, *args, **kwargs) -> torch.Tensor:

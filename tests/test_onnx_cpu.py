@@ -59,6 +59,24 @@ def test_a_network_whose_weights_change_is_exported_again():
     assert_close_to_scale(after, expected, terms=conv_reduction_length(net))
 
 
+@needs_onnxruntime
+def test_an_inferer_keeps_the_onnx_copy_of_its_last_network_only():
+    import gc
+    import weakref
+
+    inferer, scan = SliceBatchInferer(cpu_backend="onnxruntime"), torch.rand(1, 1, 32, 32, 1)
+    first, second = _networks()["monai"], _networks()["authors"]
+    with torch.inference_mode():
+        inferer(scan, first)
+        gone = weakref.ref(first)
+        del first
+        got, expected = inferer(scan, second), SliceBatchInferer()(scan, second)
+    gc.collect()
+    assert gone() is None  # a server that loads a new network frees the old one and its session
+    assert inferer.runs_onnxruntime(second)
+    assert_close_to_scale(got, expected, terms=conv_reduction_length(second))
+
+
 @pytest.mark.parametrize("bf16, installed, expected", [(False, True, True), (True, True, False), (False, False, False)])
 def test_auto_takes_onnxruntime_only_where_torch_would_run_fp32_and_it_is_installed(monkeypatch, bf16, installed,
                                                                                      expected):
