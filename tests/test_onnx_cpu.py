@@ -137,3 +137,22 @@ def test_a_bad_cpu_backend_on_the_command_line_names_the_choices():
     assert check_value("cpu_backend", "ort", "auto") == (
         "cpu_backend must be one of 'torch', 'onnxruntime', 'auto' (default 'auto'), got 'ort'")
     assert check_value("cpu_backend", "onnxruntime", "auto") is None
+
+
+def test_the_inference_benchmark_reports_the_backend_that_ran_and_the_first_run_apart(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "benchmark_inference.py"
+    spec = importlib.util.spec_from_file_location("benchmark_inference", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tiny = dict(device="cpu", slices=2, size=32, warmup=1, runs=2, features=TINY, max_slices=2)
+    for backend in ("torch", "auto"):
+        result = tool.benchmark(cpu_backend=backend, **tiny)
+        assert result["cpu_backend"] == backend and len(result["ms_all"]) == 2 and result["first_run_ms"] > 0
+        # cpu_bf16 is off here, so torch would run fp32 on any CPU: auto takes ONNX Runtime wherever it is installed
+        assert result["onnxruntime"] is (backend == "auto" and onnxruntime_available())
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        tool.benchmark(cpu_backend="torch", **{**tiny, "warmup": 0})
+    capsys.readouterr()
