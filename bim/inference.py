@@ -36,9 +36,9 @@ from monai.transforms import InvertibleTransform, MapTransform
 
 from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast, unwrap
 from .onnx_cpu import ONNX_SIZE_MULTIPLE, OnnxRuntimeNetwork, onnxruntime_available
+from .options import CPU_BACKENDS
 
 logger = logging.getLogger("bim")
-CPU_BACKENDS = ("torch", "onnxruntime", "auto")
 
 
 class CenterCropSlicesd:
@@ -120,7 +120,7 @@ class SliceBatchInferer(Inferer):
         return self._onnx is not None and self._onnx[0] is network and self._onnx[1] is not None
 
     def _forward(self, network, onnx: OnnxRuntimeNetwork | None, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if onnx is not None and self._onnx is not None and self._onnx[0] is network and self._onnx[1] is onnx:
+        if onnx is not None and self._onnx[1] is onnx:  # not after a fallback earlier in this call
             try:
                 return onnx(x)
             except Exception as e:  # noqa: BLE001 -- auto falls back to torch, naming the cause once

@@ -56,6 +56,9 @@ def _weight(meaning: str) -> Option:
     return Option(meaning, "number", 0)
 
 
+# what may run the network in CPU inference (bim.inference.SliceBatchInferer's cpu_backend)
+CPU_BACKENDS = ("torch", "onnxruntime", "auto")
+
 OPTIONS: dict[str, Option] = {
     # where
     "dataset_dir": Option("prepared data set (python -m data_prep ...); null: the synthetic demo set"),
@@ -140,7 +143,7 @@ OPTIONS: dict[str, Option] = {
     "cpu_bf16": Option("inference on a CPU with native bf16 (AVX512-BF16 or AMX): bf16 autocast, channels-last", "bool"),
     "cpu_backend": Option("what runs the network in CPU inference: torch, onnxruntime (fp32, needs onnx and "
                           "onnxruntime) or auto (onnxruntime where torch would run fp32 and it is installed)",
-                          choices=("torch", "onnxruntime", "auto")),
+                          choices=CPU_BACKENDS),
     "compile": Option("torch.compile the training step (default: on CUDA)", "bool"),
     "compile_teacher": Option("torch.compile the teacher too", "bool"),
     "compile_step": Option("torch.compile a Mean Teacher step's views, forwards and losses as one function", "bool"),

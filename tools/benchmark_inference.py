@@ -48,6 +48,8 @@ def benchmark(
     on the CPU; ``amp``: bf16 autocast on CUDA, and on the CPU with ``cpu_bf16`` where it has native bf16; ``max_slices``:
     slices per forward pass, None = all; ``cpu_backend``: torch, onnxruntime or auto, as inference.json's key).
     Returns and prints the numbers as JSON."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the first run, timed apart as first_run_ms), got {warmup}")
     if threads:
         torch.set_num_threads(int(threads))
     dev = torch.device(device)
@@ -69,8 +71,6 @@ def benchmark(
             mask.sum().item()
         return (time.perf_counter() - start) * 1000.0
 
-    if warmup < 1:
-        raise ValueError(f"warmup must be >= 1 (the first run, timed apart as first_run_ms), got {warmup}")
     first = once()
     for _ in range(warmup - 1):
         once()
