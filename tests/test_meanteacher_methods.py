@@ -571,6 +571,28 @@ def test_the_bundle_compiles_the_teacher_only_with_compile_and_compile_teacher(c
     assert parser.get_parsed_content("train#step_settings#compile_mode") == "max-autotune"
 
 
+@pytest.mark.parametrize("method", sorted(ss.METHODS))
+def test_with_compile_on_each_variant_compiles_its_step_as_one_function_where_its_method_can(method):
+    """``compile_step`` defaults to true (since 0.10.5) and reaches the step only with ``compile`` (on CUDA): Mean
+    Teacher's step is compiled as one function, and each variant of a method that cannot (``compiles_as_one_step``
+    false) sets it false, so none of them stops in its check; ``multi_gpu_train.json`` leaves it off."""
+    from monai.bundle import ConfigParser
+
+    configs = ROOT / "bundles" / "meanteacher_seg" / "configs"
+    parser = ConfigParser()
+    parser.read_config([str(configs / "train.json"), str(configs / "variants" / f"{method}.json")])
+    parser["compile"] = True
+    expected = ss.METHODS[method].compiles_as_one_step
+    assert (method == "mean_teacher") is expected and parser["compile_step"] is expected
+    assert parser.get_parsed_content("train#step_settings#compile_step") is expected
+    parser["compile"] = False
+    assert parser.get_parsed_content("train#step_settings#compile_step") is False
+    parser.read_config([str(configs / "train.json"), str(configs / "variants" / f"{method}.json"),
+                        str(configs / "multi_gpu_train.json")])
+    parser["compile"] = True
+    assert parser.get_parsed_content("train#step_settings#compile_step") is False
+
+
 def test_the_unlabelled_forward_updates_the_running_statistics_but_not_the_labelled_loss():
     """Both student forwards update BatchNorm's running statistics (the eval-mode student normalises with them), so
     they depend on the unlabelled images; the batch statistics, and so the labelled loss, do not."""

@@ -4,7 +4,7 @@
                                           [--iterations 50] [--warmup 10] [--method mean_teacher]
                                           [--features 32,64,128,256,512,32] [--channels_last True] [--bf16 True]
                                           [--compile False] [--compile_mode None] [--cudnn_deterministic None]
-                                          [--compile_teacher True] [--compile_optimizer None] [--compile_step False]
+                                          [--compile_teacher True] [--compile_optimizer None] [--compile_step None]
                                           [--profile PATH --profile_steps 10]
 
 Times the bundle's own step (the ``--method``'s class of ``bim.semi_supervised.METHODS``: augmentation of both
@@ -28,8 +28,9 @@ of autotuned cuDNN. With ``--compile True`` the teacher's forwards are compiled 
 (its ``compile_teacher``, which also needs its ``compile``); ``--compile_teacher False`` leaves them eager (the default
 of this benchmark before the bundle's). ``--compile_optimizer`` runs the RAdam step through ``torch.compile``
 (``bim.engine.compile_optimizer_step``); its default (None) follows ``--compile``, as the bundles' key does.
-``--compile True --compile_step True`` compiles the Mean Teacher step's views, forwards and losses as one function
-(meanteacher_seg's ``compile_step``).
+``--compile_step True`` (with ``--compile True``) compiles the Mean Teacher step's views, forwards and losses as one
+function (meanteacher_seg's ``compile_step``); its default (None) is what the bundle runs: on with ``--compile`` for
+``--method mean_teacher``, off for the methods that cannot compile their step as one function.
 
 ``--profile PATH``: after the timed steps, ``profile_steps`` more under ``torch.profiler``; the operators sorted by
 device time (on a GPU) and by host time go to PATH, and the JSON gains ``profile``: the device time per profiled step against
@@ -59,7 +60,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
          channels_last: bool = True, bf16: bool = True, num_classes: int = 2, device: str | None = None,
          compile: bool = False, compile_mode: str | None = None, cudnn_deterministic: bool | None = None,
          compile_teacher: bool = True, profile: str | None = None, profile_steps: int = 10,
-         compile_optimizer: bool | None = None, compile_step: bool = False) -> None:
+         compile_optimizer: bool | None = None, compile_step: bool | None = None) -> None:
     from bim import semi_supervised as ss
     from bim.engine import compile_optimizer_step, cudagraph_skips, warmup_cosine_scheduler
     from bim.flags import require_flags
@@ -72,9 +73,11 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     require_flags({"channels_last": channels_last, "bf16": bf16, "compile": compile,
                    "cudnn_deterministic": cudnn_deterministic, "compile_teacher": compile_teacher,
-                   "compile_step": compile_step,
-                   **({} if compile_optimizer is None else {"compile_optimizer": compile_optimizer})})  # fire gives --compile false as the string 'false'
+                   **({} if compile_optimizer is None else {"compile_optimizer": compile_optimizer}),
+                   **({} if compile_step is None else {"compile_step": compile_step})})  # fire gives --compile false as the string 'false'
     compile_optimizer = compile if compile_optimizer is None else compile_optimizer  # the bundles' default
+    if compile_step is None:  # meanteacher_seg's default: its variants of the other methods set compile_step false
+        compile_step = method == "mean_teacher"
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
