@@ -163,8 +163,9 @@ def test_inference_writes_masks_in_the_input_geometry(finetuned, tmp_path):
 
 @pytest.mark.skipif(not onnxruntime_available(), reason="onnx and onnxruntime are not installed")
 def test_inference_through_onnxruntime_writes_torchs_masks(finetuned, tmp_path):
-    """inference.json's ``cpu_backend``: ONNX Runtime's fp32 logits are torch's up to rounding, so the masks agree
-    (a voxel may flip only where two classes' logits tie to ~1e-6)."""
+    """inference.json's ``cpu_backend``: ONNX Runtime's fp32 logits are torch's fp32 logits up to rounding, so the
+    masks agree (a voxel may flip only where two classes' logits tie to ~1e-6). ``cpu_bf16`` false: on a CPU with
+    native bf16, torch would otherwise run in bf16, whose rounding flips more voxels."""
     import nibabel as nib
 
     image, _ = _raw_scan(tmp_path)
@@ -172,7 +173,8 @@ def test_inference_through_onnxruntime_writes_torchs_masks(finetuned, tmp_path):
     for backend in ("torch", "onnxruntime"):
         out = tmp_path / backend
         proc = run_config("inference.json", dataset_dir=image.parent, output_dir=out,
-                          ckpt_path=finetuned["dir"] / "model.pt", features=SMALL, task="lv", cpu_backend=backend)
+                          ckpt_path=finetuned["dir"] / "model.pt", features=SMALL, task="lv", cpu_backend=backend,
+                          cpu_bf16=False)
         assert ("through ONNX Runtime" in proc.stdout + proc.stderr) is (backend == "onnxruntime")
         masks[backend] = np.asarray(nib.load(out / "case_seg.nii.gz").dataobj)
     assert masks["torch"].sum() > 0
