@@ -60,6 +60,33 @@ def test_the_ablation_grid_pre_trains_each_value_once_and_the_shared_point_once(
     assert {r.meta["ablation"] for r in grid if r.kind == "finetune"} == {"alpha", "lambda_cc", "num_clusters"}
 
 
+def test_pretrain_per_seed_gives_each_split_seed_its_own_pre_training_with_that_seed():
+    """``pretrain_per_seed``: the runs of split seed s start from the pre-training of seed s (also each ablation
+    value's), so a row's seeds spread over pre-trainings; random-init rows are unchanged."""
+    grid = build_grid("acdc_ablation_fast", "/data", "/work",
+                      select={"pretrain_per_seed": "true", "seeds": "0,1,2", "methods": "Ours (Dec) MI+CC"})
+    pre = {r.name: r for r in grid if r.kind == "pretrain"}
+    assert len(pre) == 3 * (5 + 4 + 5 - 2)
+    run = pre["pre_ours_mi_cc_lambda_cc4_ps2"]
+    args = run.commands[0]
+    assert args[args.index("--seed") + 1] == "2" and args[args.index("--lambda_cc") + 1] == "4.0"
+    assert run.meta["pretrain_seed"] == 2 and run.meta["ablation"] == "lambda_cc4"
+    for r in grid:
+        if r.kind == "finetune":
+            assert r.depends == (f"pre_ours_mi_cc_{r.meta['ablation']}{r.meta['ablation_value']:g}_ps{r.meta['seed']}",)
+    paper = build_grid("acdc_paper", "/data", "/work", select={"pretrain_per_seed": True, "tasks": "lv", "counts": 1,
+                                                               "lrs": 1e-4, "methods": "Baseline,MT + Ours"})
+    assert [r.name for r in paper] == ["pre_full_ps0", "pre_full_ps1", "pre_full_ps2"] + \
+        [f"ft_random_lv_n1_s{s}_lr1e-4" for s in range(3)] + [f"mt_pre_full_ps{s}_lv_n1_s{s}_lr1e-4" for s in range(3)]
+    assert build_grid("acdc_paper", "/data", "/work", select={"pretrain_per_seed": False, "seeds": "0,1",
+                                                              "methods": "Ours (Dec) MI+CC"})[0].name == "pre_ours_mi_cc"
+    with pytest.raises(ExperimentError, match="pretrain_per_seed must be true or false"):
+        build_grid("smoke", "/data", "/work", select={"pretrain_per_seed": "yes"})
+    with pytest.raises(ExperimentError, match="leave \"seed\" out"):
+        build_grid("smoke", "/data", "/work", select={"pretrain_per_seed": True}, tag="t",
+                   pretrain_overrides={"seed": 3})
+
+
 def test_bad_input_is_refused_with_the_allowed_values():
     with pytest.raises(ExperimentError, match="acdc_paper"):
         build_grid("acdc", "/data", "/work")

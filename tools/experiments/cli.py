@@ -8,7 +8,8 @@
     python tools/experiments.py pages                                   # regenerate docs/results from its CSVs
 
 ``run`` resumes: a run whose folder holds a ``result.json`` is skipped. ``--select`` narrows a preset
-(``tasks``, ``counts``, ``seeds``, ``lrs``, ``methods``, ``only``, ``mt_weights``); ``--tag`` with ``--overrides``
+(``tasks``, ``counts``, ``seeds``, ``lrs``, ``methods``, ``only``, ``mt_weights``; ``pretrain_per_seed`` true: one
+pre-training per seed, split seed s fine-tuned from pre-training s); ``--tag`` with ``--overrides``
 (fine-tuning) or ``--pretrain_overrides`` runs the grid with other bundle settings under rows of its own.
 Overrides reach ``monai.bundle run`` as they are, where a value starting with ``$`` is a Python expression: an
 overrides string is code, so run only your own. ``probe RUN_DIR`` re-runs a recorded pre-training command only if

@@ -64,15 +64,19 @@ def _variant(name: str) -> str:
 
 
 def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, extra: dict | None = None,
-                 tag: str = "") -> Run:
-    """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha)."""
-    name = f"pre_{variant}{tag}{proto.pretrain_suffix}"
+                 tag: str = "", seed: int | None = None) -> Run:
+    """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha).
+    ``seed``: the pre-training's own seed, named ``_ps<seed>`` (None: the bundle's default, not named)."""
+    seed_name = "" if seed is None else f"_ps{seed}"
+    name = f"pre_{variant}{tag}{seed_name}{proto.pretrain_suffix}"
     out = work / "runs" / name
     overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
-                 "progress_bar": False, **(extra or {})}
+                 "progress_bar": False, **(extra or {}), **({} if seed is None else {"seed": seed})}
     cmd = _merge_args(_cmd([PRETRAIN_TRAIN, _variant(variant)], overrides), proto.pretrain_overrides)
     meta = {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})}
+    if seed is not None:
+        meta["pretrain_seed"] = seed
     if proto.pretrain_suffix:
         meta["tag"] = proto.pretrain_suffix.lstrip("_")
     return Run(name, "pretrain", (cmd,), meta)
@@ -176,7 +180,7 @@ def _overrides_args(overrides, what: str) -> tuple[str, ...]:
     return tuple(a for k, v in overrides.items() for a in (f"--{k}", _cli_value(v)))
 
 
-SELECT_KEYS = ("tasks", "counts", "seeds", "lrs", "methods", "only", "mt_weights")
+SELECT_KEYS = ("tasks", "counts", "seeds", "lrs", "methods", "only", "mt_weights", "pretrain_per_seed")
 
 
 def _read_select(select) -> dict:
@@ -244,7 +248,9 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, select=None, tag: s
 
     ``select`` narrows the preset (keys ``SELECT_KEYS``: ``tasks``, ``counts``, ``seeds``, ``lrs``, ``methods``;
     ``only``, run-name patterns; ``mt_weights``, Mean Teacher consistency weights to search, each run once per weight,
-    named ``..._cw0.1``). ``overrides`` / ``pretrain_overrides``: extra bundle overrides for every fine-tune and Mean
+    named ``..._cw0.1``; ``pretrain_per_seed`` true: one pre-training per seed, and the runs of split seed s start from
+    the pre-training of seed s, named ``..._ps<s>``, so that a row's seeds spread over pre-trainings as well as
+    labelled subsets). ``overrides`` / ``pretrain_overrides``: extra bundle overrides for every fine-tune and Mean
     Teacher run / every pre-training. They need a ``tag``, appended to the names of the runs they change and to the
     method labels (``Baseline [tag]``), so that they neither collide with nor mix into the preset's own runs; a
     tagged grid reuses the untagged pre-trainings unless ``pretrain_overrides``."""
@@ -256,32 +262,42 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, select=None, tag: s
     tasks, counts = _as_tuple(sel.get("tasks"), str) or p.tasks, _as_tuple(sel.get("counts"), int) or p.counts
     seeds, lrs = _as_tuple(sel.get("seeds"), int) or p.seeds, _as_tuple(sel.get("lrs"), float) or proto.lrs
     weights = _as_tuple(sel.get("mt_weights"), float) or ()
+    per_seed = sel.get("pretrain_per_seed", False)
+    if not isinstance(per_seed, bool):
+        raise ExperimentError(f"pretrain_per_seed must be true or false, got {per_seed!r}")
+    if per_seed and "seed" in (pretrain_overrides or {}):
+        raise ExperimentError("pretrain_per_seed sets each pre-training's seed; leave \"seed\" out of pretrain_overrides")
     if any(not math.isfinite(w) or w < 0 for w in weights):
         raise ExperimentError(f"mt_weights must be consistency weights >= 0, got {sel.get('mt_weights')!r}")
     work = Path(work_dir).resolve()
     dataset_dir = str(Path(dataset_dir).resolve()) if dataset_dir not in (None, "None") else "None"
     pre: dict[str, Run] = {}
 
-    def init_run(variant, extra=None, ablation_tag=""):
-        if variant is not None and f"{variant}{ablation_tag}" not in pre:
-            pre[f"{variant}{ablation_tag}"] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag)
-        return None if variant is None else pre[f"{variant}{ablation_tag}"]
+    def init_run(variant, extra=None, ablation_tag="", seed=None):
+        """The pre-training a cell of split seed ``seed`` starts from (None: random init)."""
+        if variant is None:
+            return None
+        seed = seed if per_seed else None
+        key = (variant, ablation_tag, seed)
+        if key not in pre:
+            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag, seed)
+        return pre[key]
 
-    def cells(kind, label, init, meta, cell_weights=(None,)):
-        return [segmentation_run(kind, label, init, t, n, s, lr, dataset_dir, work, proto, meta, consistency_weight=w)
+    def cells(kind, label, variant, meta, cell_weights=(None,), extra=None, ablation_tag=""):
+        return [segmentation_run(kind, label, init_run(variant, extra, ablation_tag, s), t, n, s, lr, dataset_dir,
+                                 work, proto, meta, consistency_weight=w)
                 for t in tasks for n in counts for s in seeds for lr in lrs for w in cell_weights]
 
     label = (lambda m: f"{m} [{tag}]") if tag else (lambda m: m)
     runs = []
     for method in rows:
         variant, kind = METHODS[method]
-        runs += cells(kind, label(method), init_run(variant), tag_meta,
-                      weights if kind == "meanteacher" and weights else (None,))
+        runs += cells(kind, label(method), variant, tag_meta, weights if kind == "meanteacher" and weights else (None,))
     for method in ablated:
         variant = METHODS[method][0]
         for key, value in _ablation_points(variant):
-            init = init_run(variant, {key: value}, f"_{key}{value:g}")
-            runs += cells("finetune", label(method), init, {"ablation": key, "ablation_value": value, **tag_meta})
+            runs += cells("finetune", label(method), variant, {"ablation": key, "ablation_value": value, **tag_meta},
+                          extra={key: value}, ablation_tag=f"_{key}{value:g}")
     grid = list(pre.values()) + runs
     for r in grid:  # into result.json and the CSV: the report refuses one run name from two presets
         r.meta.setdefault("preset", preset)
