@@ -104,3 +104,22 @@ def test_the_early_stopping_section_compares_both_models_of_the_same_runs():
     assert md[0] == "## Early stopping (patience 10), recorded on the full-length runs"
     assert "| Baseline | LV 1 | 55.0 (5.0) | 52.5 (7.5) | -2.5 | 70 % | 1 of 2 |" in md
     assert early_stop_lines([row(0, "0.5", "", "", "")]) == []
+
+
+def test_the_cluster_table_sums_up_each_setting_over_its_pre_training_seeds():
+    """Pre-trainings whose names differ only in ``_ps<seed>`` (the grid's ``pretrain_per_seed``) are one setting:
+    per structure the mean over seeds, the range, and how many seeds reach 60; a setting of one seed gets no line."""
+    from experiments.sections import cluster_quality_table
+
+    def row(name, lv, myo, nmi=0.1):
+        return {"name": name, "kind": "pretrain", "variant": "ours_mi_cc", "ablation": "", "cq_nmi": nmi,
+                "cq_LV": lv, "cq_LV_per_scan": lv, "cq_Myo": myo, "cq_Myo_per_scan": myo}
+
+    rows = [row("pre_ours_mi_cc_ps0", 0.80, 0.659), row("pre_ours_mi_cc_ps1", 0.86, 0.503, 0.2),
+            row("pre_ours_mi_cc_ps2", 0.78, 0.41, 0.3), row("pre_ours_mi_cc_alpha0.25_ps0_t", 0.7, 0.7)]
+    md = cluster_quality_table(rows)
+    (line,) = [m for m in md if "`pre_ours_mi_cc` |" in m]
+    assert line.endswith("| 3 | 81.3 (78.0–86.0) 3/3 | 52.4 (41.0–65.9) 1/3 | 0.200 |"), line
+    assert not [m for m in md if "`pre_ours_mi_cc_alpha0.25_t` |" in m]
+    md = cluster_quality_table(rows + [row("pre_ours_mi_cc_alpha0.25_ps1_t", 0.5, 0.6)])
+    assert [m for m in md if "`pre_ours_mi_cc_alpha0.25_t` | 2 | 60.0 (50.0–70.0) 1/2 | 65.0 (60.0–70.0) 2/2 |" in m]
