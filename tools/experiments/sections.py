@@ -450,7 +450,7 @@ def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
 
 
 
-CLUSTER_BAR = 60.0  # best single cluster Dice x 100 that issue-level goals ask of each structure
+CLUSTER_BAR = 60.0  # best single cluster Dice x 100 from which a cluster is counted as standing for its structure
 
 
 def seed_spread_lines(scored: list[dict], names: list[str]) -> list[str]:
