@@ -76,8 +76,8 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
                    **({} if compile_optimizer is None else {"compile_optimizer": compile_optimizer}),
                    **({} if compile_step is None else {"compile_step": compile_step})})  # fire gives --compile false as the string 'false'
     compile_optimizer = compile if compile_optimizer is None else compile_optimizer  # the bundles' default
-    if compile_step is None:  # meanteacher_seg's default: its variants of the other methods set compile_step false
-        compile_step = method == "mean_teacher"
+    if compile_step is None:  # meanteacher_seg's default: the variants of methods that cannot set it false
+        compile_step = getattr(ss.METHODS.get(method), "compiles_as_one_step", False)
     if isinstance(features, str):
         features = [int(f) for f in features.split(",")]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

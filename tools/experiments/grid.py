@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN,
-                         PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr)
+                         PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr, pretrain_seed_name)
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
                  tag: str = "", seed: int | None = None) -> Run:
     """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha).
     ``seed``: the pre-training's own seed, named ``_ps<seed>`` (None: the bundle's default, not named)."""
-    seed_name = "" if seed is None else f"_ps{seed}"
-    name = f"pre_{variant}{tag}{seed_name}{proto.pretrain_suffix}"
+    name = f"pre_{variant}{tag}{pretrain_seed_name(seed)}{proto.pretrain_suffix}"
     out = work / "runs" / name
     overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
@@ -262,16 +261,16 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, select=None, tag: s
     tasks, counts = _as_tuple(sel.get("tasks"), str) or p.tasks, _as_tuple(sel.get("counts"), int) or p.counts
     seeds, lrs = _as_tuple(sel.get("seeds"), int) or p.seeds, _as_tuple(sel.get("lrs"), float) or proto.lrs
     weights = _as_tuple(sel.get("mt_weights"), float) or ()
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise ExperimentError(f"mt_weights must be consistency weights >= 0, got {sel.get('mt_weights')!r}")
     per_seed = sel.get("pretrain_per_seed", False)
     if not isinstance(per_seed, bool):
         raise ExperimentError(f"pretrain_per_seed must be true or false, got {per_seed!r}")
     if per_seed and "seed" in (pretrain_overrides or {}):
         raise ExperimentError("pretrain_per_seed sets each pre-training's seed; leave \"seed\" out of pretrain_overrides")
-    if any(not math.isfinite(w) or w < 0 for w in weights):
-        raise ExperimentError(f"mt_weights must be consistency weights >= 0, got {sel.get('mt_weights')!r}")
     work = Path(work_dir).resolve()
     dataset_dir = str(Path(dataset_dir).resolve()) if dataset_dir not in (None, "None") else "None"
-    pre: dict[str, Run] = {}
+    pre: dict[tuple, Run] = {}  # (variant, ablation tag, pre-training seed or None) -> its run
 
     def init_run(variant, extra=None, ablation_tag="", seed=None):
         """The pre-training a cell of split seed ``seed`` starts from (None: random init)."""

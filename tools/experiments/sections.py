@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -14,7 +13,7 @@ from .collection import trains_cluster_head
 from .grid import ablation_defaults
 from .tables import _lrs_run, _mean_std, select
 from .vocabulary import (ABLATION_LABELS, ABLATIONS, METHOD_ORDER, METHODS, PAPER_ABLATIONS, TASK_COLUMNS, TASK_NAMES,
-                         TASK_ORDER, ExperimentError, fmt_lr)
+                         TASK_ORDER, ExperimentError, fmt_lr, without_pretrain_seed)
 
 
 def hardest_scans(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]], worst: int = 5) -> list[str]:
@@ -449,7 +448,6 @@ def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
     return md + seed_spread_lines(scored, names) + rank_correlation_lines(scored, tuned_names, tuned)
 
 
-
 CLUSTER_BAR = 60.0  # best single cluster Dice x 100 from which a cluster is counted as standing for its structure
 
 
@@ -459,7 +457,7 @@ def seed_spread_lines(scored: list[dict], names: list[str]) -> list[str]:
     its range, and how many of the seeds reach :data:`CLUSTER_BAR`; () where no setting has two seeds."""
     groups = defaultdict(list)
     for r in scored:
-        groups[re.sub(r"_ps\d+(?=_|$)", "", r["name"])].append(r)
+        groups[without_pretrain_seed(r["name"])].append(r)
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     if not groups:
         return []

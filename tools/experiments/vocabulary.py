@@ -4,6 +4,7 @@ paper's published numbers. Nothing here imports another module of the package.""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,6 +19,18 @@ MT_EVAL = "bundles/meanteacher_seg/configs/evaluate.json"
 TRAIN_CONFIG_OF_KIND = {"pretrain": PRETRAIN_TRAIN, "finetune": FINETUNE_TRAIN, "meanteacher": MT_TRAIN}
 # the evaluation of a run's early-stopping record (``--record_early_stop N``): eval/early_stop_p<N>_*
 EARLY_STOP_EVAL_PREFIX = "early_stop_p"
+# a pre-training of one seed per split seed (the grid's ``pretrain_per_seed``): its run name carries "_ps<seed>"
+PRETRAIN_SEED_TAG = "_ps"
+
+
+def pretrain_seed_name(seed: int | None) -> str:
+    """The run-name part of a pre-training's own seed: ``_ps<seed>`` ("" for None, the bundle's default seed)."""
+    return "" if seed is None else f"{PRETRAIN_SEED_TAG}{seed}"
+
+
+def without_pretrain_seed(name: str) -> str:
+    """A pre-training's run name without its ``_ps<seed>`` part: the name of its setting, shared by its seeds."""
+    return re.sub(rf"{PRETRAIN_SEED_TAG}\d+(?=_|$)", "", name)
 
 
 class ExperimentError(ValueError):
