@@ -36,7 +36,7 @@ from monai.transforms import InvertibleTransform, MapTransform
 
 from .engine import _is_main_process, atomic_file, atomic_save, cpu_has_native_bf16, inference_autocast, unwrap
 from .onnx_cpu import ONNX_SIZE_MULTIPLE, OnnxRuntimeNetwork, onnxruntime_available
-from .options import CPU_BACKENDS
+from .options import CPU_BACKENDS, record_patiences
 
 logger = logging.getLogger("bim")
 
@@ -266,33 +266,38 @@ class BestMetricSaver:
 
 class EarlyStopRecord:
     """Measures early stopping without stopping: a train handler that watches ``best_saver`` (the validator's
-    :class:`BestMetricSaver`) and, at the validation after which an ``EarlyStopHandler`` of ``patience`` would have
-    ended the run (``patience`` validations in a row without a better metric), copies the best weights so far to
-    ``model_patience{N}.pt`` and writes ``early_stop_record.json``: that epoch and iteration, the seconds since
-    training started, the best epoch and value. Training goes on; at its end the record adds the run's own seconds
-    (null when the stop was recorded before a resume: seconds count from this process's start) and epochs. A run that
-    ends before the patience runs out records ``"stopped": false`` and copies its best weights the same way, so
-    ``model_patience{N}.pt`` is always the model an early-stopped run would have kept: a run of the full length gives
-    both results from one training trajectory. ``patience`` None leaves it off."""
+    :class:`BestMetricSaver`) and, for each of its ``patience`` values (a number of validations or a list of them), at
+    the validation after which an ``EarlyStopHandler`` of that patience would have ended the run (that many
+    validations in a row without a better metric), copies the best weights so far to ``model_patience{N}.pt`` and
+    records that epoch and iteration, the seconds since training started, the best epoch and value in
+    ``early_stop_record.json`` (a list, one record per patience, ascending). Training goes on; at its end each record
+    adds the run's own seconds (null when the stop was recorded before a resume: seconds count from this process's
+    start) and epochs. A run that ends before a patience runs out records ``"stopped": false`` for it and copies its
+    best weights the same way, so ``model_patience{N}.pt`` is always the model an early-stopped run would have kept:
+    a run of the full length gives all these results from one training trajectory. ``patience`` None leaves it
+    off."""
 
-    def __init__(self, patience: int | None, best_saver: BestMetricSaver, validator) -> None:
-        if patience is not None and (isinstance(patience, bool) or int(patience) < 1):
-            raise ValueError(f"record_early_stop must be a number of validations >= 1 or null, got {patience!r}")
-        self.patience = None if patience is None else int(patience)
+    def __init__(self, patience, best_saver: BestMetricSaver, validator) -> None:
+        self.patiences = record_patiences(patience)
         self.best_saver, self.validator = best_saver, validator
-        self.waited, self.record, self.trainer, self.started, self.attempt = 0, None, None, 0.0, None
+        self.waited, self.records, self.trainer, self.started, self.attempt = 0, {}, None, 0.0, None
+
+    @property
+    def path(self) -> Path:
+        return self.best_saver.output_dir / "early_stop_record.json"
 
     def state_dict(self) -> dict:
-        return {"waited": torch.tensor(self.waited), "recorded": torch.tensor(self.record is not None)}
+        return {"waited": torch.tensor(self.waited), "recorded": torch.tensor(len(self.records))}
 
     def load_state_dict(self, state: dict) -> None:
         self.waited = int(state["waited"])
-        path = self.best_saver.output_dir / "early_stop_record.json"
-        if bool(state["recorded"]) and path.is_file():
-            self.record = json.loads(path.read_text())
+        if int(state["recorded"]) and self.path.is_file():
+            saved = json.loads(self.path.read_text())
+            saved = [saved] if isinstance(saved, dict) else saved  # a single-patience record of an earlier version
+            self.records = {int(r["patience"]): r for r in saved if int(r["patience"]) in self.patiences}
 
     def attach(self, engine: Engine) -> None:
-        if self.patience is None:
+        if not self.patiences:
             return
         self.trainer = engine
         engine.add_event_handler(Events.STARTED, self._start)
@@ -305,32 +310,37 @@ class EarlyStopRecord:
 
     def _validated(self, validator: Engine) -> None:
         self.waited = 0 if self.best_saver.best_epoch == int(validator.state.epoch) else self.waited + 1
-        if self.record is None and self.waited >= self.patience:
-            self.record = self._write(stopped=True)
+        due = [p for p in self.patiences if p not in self.records and self.waited >= p]
+        for p in due:
+            self.records[p] = self._record(p, stopped=True)
+        if due:
+            self._write_json()
 
     def _completed(self, _engine: Engine) -> None:
-        if self.record is None:
-            self.record = self._write(stopped=False)
-        same_attempt = self.record.get("attempt") == self.attempt  # else the stop was seen before a resume
-        self.record.update(run_seconds=time.perf_counter() - self.started if same_attempt else None,
-                           run_epochs=int(self.trainer.state.epoch))
-        self._write_json(self.record)
+        for p in self.patiences:
+            if p not in self.records:
+                self.records[p] = self._record(p, stopped=False)
+        for record in self.records.values():
+            same_attempt = record.get("attempt") == self.attempt  # else the stop was seen before a resume
+            record.update(run_seconds=time.perf_counter() - self.started if same_attempt else None,
+                          run_epochs=int(self.trainer.state.epoch))
+        self._write_json()
 
-    def _write(self, stopped: bool) -> dict:
+    def _record(self, patience: int, stopped: bool) -> dict:
         state = self.trainer.state
-        record = {"patience": self.patience, "stopped": stopped, "epoch": int(state.epoch),
+        record = {"patience": patience, "stopped": stopped, "epoch": int(state.epoch),
                   "iteration": int(state.iteration), "seconds": time.perf_counter() - self.started, "attempt": self.attempt,
                   "best_epoch": self.best_saver.best_epoch, "best_value": self.best_saver.best,
-                  "checkpoint": (self.best_saver.output_dir / f"model_patience{self.patience}.pt").as_posix()}
+                  "checkpoint": (self.best_saver.output_dir / f"model_patience{patience}.pt").as_posix()}
         if _is_main_process() and self.best_saver.saved is not None:
             with atomic_file(record["checkpoint"]) as tmp:
                 shutil.copyfile(self.best_saver.saved, tmp)
-        self._write_json(record)
         return record
 
-    def _write_json(self, record: dict) -> None:
+    def _write_json(self) -> None:
         if _is_main_process():
-            atomic_write_text(json.dumps(record, indent=2) + "\n", self.best_saver.output_dir / "early_stop_record.json")
+            records = [self.records[p] for p in sorted(self.records)]
+            atomic_write_text(json.dumps(records, indent=2) + "\n", self.path)
 
 
 class LastEpochValidationHandler(ValidationHandler):

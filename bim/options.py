@@ -27,7 +27,7 @@ from .flags import require_flags
 
 @dataclass(frozen=True)
 class Option:
-    """``kind``: ``"bool"``, ``"int"``, ``"number"`` or ``""`` (any value); ``low`` / ``high`` bounds (``low_open``:
+    """``kind``: ``"bool"``, ``"int"``, ``"counts"`` (an integer or a list of them), ``"number"`` or ``""`` (any value); ``low`` / ``high`` bounds (``low_open``:
     strictly above ``low``); ``choices``: the words it takes (besides a number of ``kind``, when it has one). Values
     with their own check where they are used (``task``: :func:`bim.tasks.get_task`, ``method``: the semi-supervised
     step) have no kind here."""
@@ -94,7 +94,7 @@ OPTIONS: dict[str, Option] = {
     "crop_size": _count("training crop side in pixels (the U-Net needs at least 16)", 16),
     "val_interval": _count("validate every N epochs (and after the last)"),
     "early_stop_patience": _count("stop after this many validations in a row without a better val_mean_dice (model.pt keeps the best); null: train all epochs"),
-    "record_early_stop": _count("train all epochs, and record where early stopping with this patience would have stopped: model_patience{N}.pt (its best weights) and early_stop_record.json; null: off"),
+    "record_early_stop": Option("train all epochs, and record where early stopping with this patience (or each of a list, such as [5, 10]) would have stopped: model_patience{N}.pt (its best weights) and early_stop_record.json; null: off", "counts", 1),
     "log_every": _count("log the loss every N iterations"),
     "save_every": _count("write checkpoint_last.pt every N iterations"),
     "panel_every": _count("write a cluster panel every N iterations"),
@@ -194,12 +194,13 @@ def _kind(key: str, default) -> str:
     return ""
 
 
-def check_value(key: str, value, default=None) -> str | None:
+def check_value(key: str, value, default=None, kind: str | None = None) -> str | None:
     """What is wrong with ``value`` for ``key`` (its rule in :data:`OPTIONS`, or the type of its ``default``), or
-    None. Expressions (``$...``, ``@...``) are not checked."""
+    None; ``kind`` in place of the option's (one element of a ``"counts"`` list is checked as ``"int"``). Expressions
+    (``$...``, ``@...``) are not checked."""
     if _is_expression(value) or value is None and default is None:
         return None
-    kind, option = _kind(key, default), OPTIONS.get(key)
+    kind, option = kind or _kind(key, default), OPTIONS.get(key)
     if kind == "bool":
         try:
             require_flags({key: value})
@@ -213,6 +214,11 @@ def check_value(key: str, value, default=None) -> str | None:
     if choices and not kind:
         return f"{key} must be one of {', '.join(repr(c) for c in choices)}{shown}, got {value!r}"
     words = " or ".join(repr(c) for c in choices)
+    if kind == "counts":  # an integer or a list of them, each >= low
+        values = value if isinstance(value, list) and value else [value]
+        if any(check_value(key, v, default, "int") for v in values):
+            return f"{key} must be an integer >= {option.low:g} or a list of them (such as [5, 10]){shown}, got {value!r}"
+        return None
     if kind in ("int", "number"):
         ok = isinstance(value, int) if kind == "int" else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok or value != value or value in (float("inf"), float("-inf")):
@@ -224,6 +230,18 @@ def check_value(key: str, value, default=None) -> str | None:
         if option is not None and option.high is not None and value > option.high:
             return f"{key} must be <= {option.high}{shown}, got {value!r}"
     return None
+
+
+def record_patiences(patience) -> tuple[int, ...]:
+    """``record_early_stop`` as the patiences it records, ascending: None gives none, a number one, a list each of
+    its numbers once; anything else (a number below 1, a bool, an empty list) is a ``ValueError``."""
+    if patience is None:
+        return ()
+    values = list(patience) if isinstance(patience, (list, tuple)) else [patience]
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError("record_early_stop must be a number of validations >= 1, a list of them (such as [5, 10]) "
+                         f"or null, got {patience!r}")
+    return tuple(sorted(set(values)))
 
 
 def config_problems(config: dict, defaults: dict) -> list[str]:

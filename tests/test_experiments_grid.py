@@ -153,22 +153,28 @@ def test_probe_re_runs_only_a_recorded_pretrain_command_of_plain_options(tmp_pat
             record(bad)
 
 
-def test_a_recorded_early_stop_is_scored_beside_the_full_run(tmp_path, demo_dataset):
-    """``--overrides '{"record_early_stop": 1}'``: the smoke fine-tune trains all its epochs, and its row adds the
-    test Dice of the model early stopping would have kept and where it would have stopped; the run's own test Dice
-    stays that of its best-validation model."""
+def test_recorded_early_stops_are_scored_beside_the_full_run(tmp_path, demo_dataset):
+    """``--overrides '{"record_early_stop": [1, 2]}'``: the smoke fine-tune trains all its epochs, and its row adds,
+    for each patience, the test Dice of the model early stopping would have kept and where it would have stopped;
+    the run's own test Dice stays that of its best-validation model."""
     grid = build_grid("smoke", str(demo_dataset), tmp_path, select={"methods": "Baseline"}, tag="rec",
-                      overrides={"record_early_stop": 1})
+                      overrides={"record_early_stop": [2, 1]})
     (run,) = grid
-    assert len(run.commands) == 3 and "model_patience1.pt" in " ".join(run.commands[-1])
+    assert len(run.commands) == 4 and ["model_patience1.pt" in " ".join(c) for c in run.commands] == [0, 0, 1, 0]
     counts = run_grid(grid, tmp_path, log=lambda *_: None)
     assert counts["done"] == 1, counts
     out = run_dir(tmp_path, run)
     result = json.loads((out / "result.json").read_text())
     main = json.loads(next(p for p in (out / "eval").glob("*_summary.json")
                            if not p.name.startswith("early_stop")).read_text())
-    early = json.loads((out / "eval" / "early_stop_p1_summary.json").read_text())
-    assert result["test_dice"] == main["mean"] and result["es_test_dice"] == early["mean"]
-    assert result["es_patience"] == 1 and 0 < result["es_epoch_share"] <= 1 and 0 < result["es_time_share"] <= 1
-    if not result["es_stopped"]:  # the whole run without a pause in its gains: the same model
-        assert result["es_test_dice"] == result["test_dice"]
+    assert result["test_dice"] == main["mean"]
+    for n in (1, 2):
+        early = json.loads((out / "eval" / f"early_stop_p{n}_summary.json").read_text())
+        es = {k[len(f"es{n}_"):]: v for k, v in result.items() if k.startswith(f"es{n}_")}
+        assert es["test_dice"] == early["mean"] and 0 < es["epoch_share"] <= 1 and 0 < es["time_share"] <= 1
+        if not es["stopped"]:  # the whole run without a pause in its gains: the same model
+            assert es["test_dice"] == result["test_dice"]
+    assert result["es1_epoch"] <= result["es2_epoch"]
+    with pytest.raises(ExperimentError, match="record_early_stop must be"):
+        build_grid("smoke", str(demo_dataset), tmp_path, select={"methods": "Baseline"}, tag="rec",
+                   overrides={"record_early_stop": [0]})

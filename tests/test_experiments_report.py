@@ -92,8 +92,9 @@ def test_no_function_is_longer_than_80_lines_and_no_command_takes_more_than_8_op
 
 
 def test_the_early_stopping_section_compares_both_models_of_the_same_runs():
-    """Rows with a recorded early stop (``es_*`` columns as the CSV holds them) give one line per method and cell:
-    both models' mean (std over seeds), the mean paired difference, the time share and how many runs it stopped."""
+    """Rows with recorded early stops (``es<N>_*`` columns, one set per patience; ``es_*`` with ``es_patience`` in
+    CSVs of one patience) give one line per method, cell and patience: both models' mean (std over seeds), the mean
+    paired difference, the time share and how many runs it stopped."""
     from experiments.sections import early_stop_lines
 
     def row(seed, full, early, share, stopped):
@@ -102,8 +103,21 @@ def test_the_early_stopping_section_compares_both_models_of_the_same_runs():
 
     md = early_stop_lines([row(0, "0.5", "0.45", "0.4", "True"), row(1, "0.6", "0.6", "1.0", "False")])
     assert md[0] == "## Early stopping (patience 10), recorded on the full-length runs"
-    assert "| Baseline | LV 1 | 55.0 (5.0) | 52.5 (7.5) | -2.5 | 70 % | 1 of 2 |" in md
+    assert "| Baseline | LV 1 | 55.0 (5.0) | 10 | 52.5 (7.5) | -2.5 | 70 % | 1 of 2 |" in md
     assert early_stop_lines([row(0, "0.5", "", "", "")]) == []
+
+    def two(seed, full, p5, p10):  # (test Dice, time share, stopped) of patience 5 and 10
+        r = {"method": "Baseline", "task": "rv", "labelled_scans": "2", "seed": str(seed), "test_dice": full}
+        for n, (dice, share, stopped) in ((5, p5), (10, p10)):
+            r.update({f"es{n}_test_dice": dice, f"es{n}_time_share": share, f"es{n}_stopped": stopped})
+        return r
+
+    md = early_stop_lines([two(0, "0.5", ("0.4", "0.2", True), ("0.5", "0.5", True)),
+                           two(1, "0.7", ("0.7", "0.4", True), ("0.7", "1.0", False))])
+    assert md[0] == "## Early stopping (patience 5, 10), recorded on the full-length runs"
+    lines = [line for line in md if line.startswith("| Baseline")]
+    assert lines == ["| Baseline | RV 2 | 60.0 (10.0) | 5 | 55.0 (15.0) | -5.0 | 30 % | 2 of 2 |",
+                     "| Baseline | RV 2 | 60.0 (10.0) | 10 | 60.0 (10.0) | +0.0 | 75 % | 1 of 2 |"]
 
 
 def test_the_cluster_table_sums_up_each_setting_over_its_pre_training_seeds():

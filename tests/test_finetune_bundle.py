@@ -301,7 +301,7 @@ def test_record_early_stop_trains_all_epochs_and_keeps_the_model_early_stopping_
                      learning_rate=1e-12, bn_momentum=1e-12, task="lv", record_early_stop=1)
     run_config("train.json", output_dir=tmp_path, **overrides)
     assert torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)["trainer"]["iteration"] == 8
-    record = json.loads((tmp_path / "early_stop_record.json").read_text())
+    [record] = json.loads((tmp_path / "early_stop_record.json").read_text())
     assert (record["patience"], record["stopped"], record["epoch"], record["iteration"], record["best_epoch"],
             record["run_epochs"]) == (1, True, 2, 4, 1, 4)
     assert 0 < record["seconds"] <= record["run_seconds"]

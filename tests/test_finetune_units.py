@@ -656,29 +656,38 @@ def test_weights_of_other_widths_end_with_a_line_naming_the_features_option():
     assert last_line(ValueError("one line")) is None
 
 
-def test_early_stop_record_copies_the_best_weights_at_the_stop_and_ignores_later_gains(tmp_path):
-    """Validation Dice 0.5, 0.6, 0.55, 0.58, 0.7 with patience 2: early stopping would end after epoch 4 with the
-    weights of epoch 2; the record keeps those although epoch 5 then beats them (model.pt moves on)."""
+def _recorded_run(tmp_path, patience, dices=(0.5, 0.6, 0.55, 0.58, 0.7)):
+    """An ``EarlyStopRecord`` of ``patience`` watching a one-weight network whose weight is the epoch number, over
+    validations of ``dices``; returns it, its saver and its trainer after the run's end."""
     from types import SimpleNamespace
+
+    from ignite.engine import Engine
 
     from bim.inference import BestMetricSaver, EarlyStopRecord
 
     net = torch.nn.Linear(1, 1, bias=False)
     saver = BestMetricSaver(net, str(tmp_path))
-    from ignite.engine import Engine
-
     trainer = Engine(lambda engine, batch: None)
-    recorder = EarlyStopRecord(2, saver, validator=None)
+    recorder = EarlyStopRecord(patience, saver, validator=None)
     recorder.trainer = trainer
     recorder._start(trainer)
-    for epoch, dice in enumerate([0.5, 0.6, 0.55, 0.58, 0.7], start=1):
+    for epoch, dice in enumerate(dices, start=1):
         trainer.state.epoch, trainer.state.iteration = epoch, 10 * epoch
         net.weight.data.fill_(float(epoch))
         validator = SimpleNamespace(state=SimpleNamespace(epoch=epoch, metrics={"val_mean_dice": dice}))
         saver(validator)
         recorder._validated(validator)
     recorder._completed(trainer)
-    record = json.loads((tmp_path / "early_stop_record.json").read_text())
+    return recorder, saver, trainer
+
+
+def test_early_stop_record_copies_the_best_weights_at_the_stop_and_ignores_later_gains(tmp_path):
+    """Validation Dice 0.5, 0.6, 0.55, 0.58, 0.7 with patience 2: early stopping would end after epoch 4 with the
+    weights of epoch 2; the record keeps those although epoch 5 then beats them (model.pt moves on)."""
+    from bim.inference import EarlyStopRecord
+
+    recorder, saver, trainer = _recorded_run(tmp_path, 2)
+    [record] = json.loads((tmp_path / "early_stop_record.json").read_text())
     assert (record["stopped"], record["epoch"], record["iteration"], record["best_epoch"], record["run_epochs"]) == (
         True, 4, 40, 2, 5)
     assert record["best_value"] == pytest.approx(0.6)
@@ -690,7 +699,21 @@ def test_early_stop_record_copies_the_best_weights_at_the_stop_and_ignores_later
     resumed.trainer = trainer
     resumed._start(trainer)
     resumed._completed(trainer)
-    again = json.loads((tmp_path / "early_stop_record.json").read_text())
+    [again] = json.loads((tmp_path / "early_stop_record.json").read_text())
     assert (again["epoch"], again["best_epoch"], again["run_seconds"]) == (4, 2, None)
-    with pytest.raises(ValueError, match="record_early_stop"):
-        EarlyStopRecord(0, saver, None)
+    for bad in (0, [], [1, 0], True, "5"):
+        with pytest.raises(ValueError, match="record_early_stop"):
+            EarlyStopRecord(bad, saver, None)
+
+
+def test_early_stop_record_of_several_patiences_records_each_on_the_same_run(tmp_path):
+    """Validation Dice 0.5, 0.6, 0.55, 0.7, 0.6, 0.65 with patiences [3, 1, 2]: patience 1 would stop after
+    epoch 3 (best epoch 2), patience 2 after epoch 6 (best 4); patience 3 never runs out and keeps the run's best
+    (epoch 4). One record each, ascending, each with its own weights; the run's own epochs in all three."""
+    _recorded_run(tmp_path, [3, 1, 2], dices=(0.5, 0.6, 0.55, 0.7, 0.6, 0.65))
+    records = json.loads((tmp_path / "early_stop_record.json").read_text())
+    assert [(r["patience"], r["stopped"], r["epoch"], r["best_epoch"], r["run_epochs"]) for r in records] == [
+        (1, True, 3, 2, 6), (2, True, 6, 4, 6), (3, False, 6, 4, 6)]
+    weights = [float(torch.load(tmp_path / f"model_patience{n}.pt", weights_only=True)["weight"]) for n in (1, 2, 3)]
+    assert weights == [2.0, 4.0, 4.0]
+    assert records[0]["seconds"] <= records[1]["seconds"] <= records[2]["seconds"] <= records[2]["run_seconds"]

@@ -51,6 +51,8 @@ def test_every_config_checks_its_options_first():
     ("finetune_seg", {"seed": "abc"}, "seed must be an integer (default 0), got 'abc'"),
     ("finetune_seg", {"iters_per_epoch": 0}, "iters_per_epoch must be >= 1 (default 200), got 0"),
     ("finetune_seg", {"epochs": -1}, "epochs must be >= 1 (default 50), got -1"),
+    ("meanteacher_seg", {"record_early_stop": [5, 0]}, "record_early_stop must be an integer >= 1 or a list of them "
+                                                      "(such as [5, 10]), got [5, 0]"),
     ("pretrain_bim", {"crop_size": 8}, "crop_size must be >= 16 (default 224), got 8"),
     ("pretrain_bim", {"data_store": "gpu"}, "data_store must be one of 'auto', 'device', 'host' (default 'auto'), got 'gpu'"),
     ("pretrain_bim", {"data_memory_budget_gb": "lots"}, "data_memory_budget_gb must be 'auto' or a number (default "

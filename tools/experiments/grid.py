@@ -7,12 +7,15 @@ command lines; fine-tunes name the pre-training they start from in ``depends``.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from bim.options import record_patiences
 
 from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN,
                          PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr, pretrain_seed_name)
@@ -107,8 +110,7 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
     train_cfg, eval_cfg = (FINETUNE_TRAIN, FINETUNE_EVAL) if kind == "finetune" else (MT_TRAIN, MT_EVAL)
     commands = (_merge_args(_cmd([train_cfg], train), proto.finetune_overrides),
                 _merge_args(_cmd([train_cfg, eval_cfg], common), proto.finetune_overrides))
-    patience = recorded_patience(proto.finetune_overrides)
-    if patience is not None:  # also score the model early stopping would have kept
+    for patience in recorded_patiences(proto.finetune_overrides):  # also score each model early stopping would keep
         early = {**common, "checkpoint": str(out / f"model_patience{patience}.pt"),
                  "eval_prefix": f"{EARLY_STOP_EVAL_PREFIX}{patience}"}
         commands += (_merge_args(_cmd([train_cfg, eval_cfg], early), proto.finetune_overrides),)
@@ -119,11 +121,15 @@ def segmentation_run(kind: str, method: str, init: Run | None, task: str, n: int
     return Run(name, kind, commands, meta, (init.name,) if init else ())
 
 
-def recorded_patience(overrides: tuple[str, ...]) -> int | None:
-    """The patience of ``--record_early_stop`` among command-line ``overrides`` (None: not recorded)."""
-    args = dict(zip(overrides[::2], overrides[1::2]))
-    value = args.get("--record_early_stop")
-    return None if value in (None, "None", "null") else int(value)
+def recorded_patiences(overrides: tuple[str, ...]) -> tuple[int, ...]:
+    """The patiences of ``--record_early_stop`` (``10`` or ``[5, 10]``) among command-line ``overrides``, ascending
+    (none: not recorded)."""
+    value = dict(zip(overrides[::2], overrides[1::2])).get("--record_early_stop")
+    try:
+        return record_patiences(None if value in (None, "None", "null") else ast.literal_eval(value))
+    except (ValueError, SyntaxError) as e:
+        raise ExperimentError(f"overrides: {e}" if isinstance(e, ValueError) else
+                              f"overrides: record_early_stop must be a number or a list such as [5, 10], got {value!r}") from None
 
 
 def ablation_defaults(variant: str = "full") -> dict:

@@ -179,22 +179,28 @@ def test_evaluations(out: Path, suffix: str) -> list[Path]:
 
 
 def early_stop_result(out: Path) -> dict:
-    """What a run with ``--record_early_stop N`` adds (none without ``early_stop_record.json``): ``es_patience``,
-    ``es_stopped`` (whether early stopping would have ended it), ``es_epoch`` (where), ``es_best_epoch``, the shares
-    of the run's epochs and seconds up to there (``es_epoch_share``; ``es_time_share``, None when the run was resumed
-    after that point) and ``es_test_dice``, the
-    test Dice of the model early stopping would have kept."""
+    """What a run with ``--record_early_stop`` adds (none without ``early_stop_record.json``), for each recorded
+    patience N: ``es{N}_stopped`` (whether early stopping would have ended it), ``es{N}_epoch`` (where),
+    ``es{N}_best_epoch``, the shares of the run's epochs and seconds up to there (``es{N}_epoch_share``;
+    ``es{N}_time_share``, None when the run was resumed after that point) and ``es{N}_test_dice``, the test Dice of
+    the model early stopping with patience N would have kept."""
     path = out / "early_stop_record.json"
     if not path.is_file():
         return {}
-    rec = json.loads(path.read_text())
-    summary = out / "eval" / f"{EARLY_STOP_EVAL_PREFIX}{rec['patience']}_summary.json"
-    if not summary.is_file() or "run_epochs" not in rec:
-        raise ExperimentError(f"{out}: early_stop_record.json without the run's end or {summary.name}: run again")
-    return {"es_patience": rec["patience"], "es_stopped": rec["stopped"], "es_epoch": rec["epoch"],
-            "es_best_epoch": rec["best_epoch"], "es_epoch_share": rec["epoch"] / rec["run_epochs"],
-            "es_time_share": rec["seconds"] / rec["run_seconds"] if rec["run_seconds"] else None,
-            "es_test_dice": json.loads(summary.read_text())["mean"]}
+    records = json.loads(path.read_text())
+    result = {}
+    for rec in [records] if isinstance(records, dict) else records:
+        summary = out / "eval" / f"{EARLY_STOP_EVAL_PREFIX}{rec['patience']}_summary.json"
+        if not summary.is_file() or "run_epochs" not in rec:
+            raise ExperimentError(f"{out}: early_stop_record.json without the run's end or {summary.name}: run again")
+        es = f"es{rec['patience']}_"
+        result.update({es + "stopped": rec["stopped"], es + "epoch": rec["epoch"], es + "best_epoch": rec["best_epoch"],
+                       es + "epoch_share": rec["epoch"] / rec["run_epochs"],
+                       es + "time_share": rec["seconds"] / rec["run_seconds"] if rec["run_seconds"] else None,
+                       es + "test_dice": json.loads(summary.read_text())["mean"]})
+    return result
+
+
 _CHILDREN: set[subprocess.Popen] = set()  # the bundle processes running now (stopped with the runner)
 _CHILDREN_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_children: no bundle command starts any more

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -593,31 +594,52 @@ def ablation_tables(abl: dict) -> list[str]:
     return md
 
 
+ES_COLUMN = re.compile(r"es(\d+)_(\w+)")  # a recorded early stop's column: es<patience>_<field>
+
+
+def early_stops(row: dict) -> dict[int, dict]:
+    """A results row's recorded early stops: patience -> {field: value} from its ``es<N>_<field>`` columns (and the
+    ``es_<field>`` columns with ``es_patience`` of CSVs written before several patiences could be recorded); only
+    those with a test Dice."""
+    out = defaultdict(dict)
+    for key, value in row.items():
+        m = ES_COLUMN.fullmatch(key)
+        if m:
+            out[int(m.group(1))][m.group(2)] = value
+    if row.get("es_patience") not in (None, ""):
+        out[int(float(row["es_patience"]))].update(
+            {k[3:]: v for k, v in row.items() if k.startswith("es_") and k != "es_patience"})
+    return {n: f for n, f in out.items() if f.get("test_dice") not in (None, "")}
+
+
 def early_stop_lines(seg_rows: list[dict]) -> list[str]:
-    """Markdown: for runs trained with ``--record_early_stop N`` (the ``es_*`` columns), per method and cell the test
-    Dice x 100 of the full-length run's best-validation model against that of the model early stopping with patience
-    N would have kept (the same runs, mean (std over seeds)), their difference, and the share of the training's
-    seconds early stopping would have taken. Empty when no run recorded it."""
+    """Markdown: for runs trained with ``--record_early_stop`` (the ``es*`` columns), per method, cell and recorded
+    patience the test Dice x 100 of the full-length run's best-validation model against that of the model early
+    stopping with that patience would have kept (the same runs, mean (std over seeds)), their difference, and the
+    share of the training's seconds early stopping would have taken. Empty when no run recorded it."""
     cells = defaultdict(list)
     for r in seg_rows:
-        if r.get("es_test_dice") not in (None, "") and not r.get("ablation"):
-            cells[(r["method"], r["task"], int(r["labelled_scans"]))].append(r)
+        for n, es in ({} if r.get("ablation") else early_stops(r)).items():
+            cells[(r["method"], r["task"], int(r["labelled_scans"]), n)].append((r, es))
     if not cells:
         return []
-    patience = sorted({int(float(r["es_patience"])) for rs in cells.values() for r in rs})
+    patience = sorted({c[3] for c in cells})
     md = [f"## Early stopping (patience {', '.join(map(str, patience))}), recorded on the full-length runs", "",
           "Each run trained all its epochs and recorded where early stopping would have ended it; both models are "
           "scored on the test scans. Time: the share of the run's seconds up to that point.", "",
-          "| method | cell | all epochs | early stop | difference | time | stopped |", "|---|---|---|---|---|---|---|"]
+          "| method | cell | all epochs | patience | early stop | difference | time | stopped |",
+          "|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
-    for (m, task, n) in sorted(cells, key=lambda c: (order.get(c[0], len(order)), c[0], TASK_ORDER.get(c[1], 0), c[2])):
-        rs = cells[(m, task, n)]
-        full, early = (_mean_std([100.0 * float(r[k]) for r in rs]) for k in ("test_dice", "es_test_dice"))
-        diff = statistics.fmean(100.0 * (float(r["es_test_dice"]) - float(r["test_dice"])) for r in rs)
-        shares = [float(r["es_time_share"]) for r in rs if r.get("es_time_share") not in (None, "")]
+    for (m, task, n, p) in sorted(cells, key=lambda c: (order.get(c[0], len(order)), c[0], TASK_ORDER.get(c[1], 0),
+                                                          c[2], c[3])):
+        rs = cells[(m, task, n, p)]
+        full = _mean_std([100.0 * float(r["test_dice"]) for r, _ in rs])
+        early = _mean_std([100.0 * float(es["test_dice"]) for _, es in rs])
+        diff = statistics.fmean(100.0 * (float(es["test_dice"]) - float(r["test_dice"])) for r, es in rs)
+        shares = [float(es["time_share"]) for _, es in rs if es.get("time_share") not in (None, "")]
         share = f"{100 * statistics.fmean(shares):.0f} %" if shares else "–"
-        stopped = sum(str(r["es_stopped"]).lower() == "true" for r in rs)
-        md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | {full[0]:.1f} ({full[1]:.1f}) | {early[0]:.1f} "
+        stopped = sum(str(es.get("stopped")).lower() == "true" for _, es in rs)
+        md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | {full[0]:.1f} ({full[1]:.1f}) | {p} | {early[0]:.1f} "
                   f"({early[1]:.1f}) | {diff:+.1f} | {share} | {stopped} of {len(rs)} |")
     return md + [""]
 
