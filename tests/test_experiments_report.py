@@ -116,8 +116,16 @@ def test_the_early_stopping_section_compares_both_models_of_the_same_runs():
                            two(1, "0.7", ("0.7", "0.4", True), ("0.7", "1.0", False))])
     assert md[0] == "## Early stopping (patience 5, 10), recorded on the full-length runs"
     lines = [line for line in md if line.startswith("| Baseline")]
-    assert lines == ["| Baseline | RV 2 | 60.0 (10.0) | 5 | 55.0 (15.0) | -5.0 | 30 % | 2 of 2 |",
-                     "| Baseline | RV 2 | 60.0 (10.0) | 10 | 60.0 (10.0) | +0.0 | 75 % | 1 of 2 |"]
+    assert lines[:2] == ["| Baseline | RV 2 | 60.0 (10.0) | 5 | 55.0 (15.0) | -5.0 | 30 % | 2 of 2 |",
+                         "| Baseline | RV 2 | 60.0 (10.0) | 10 | 60.0 (10.0) | +0.0 | 75 % | 1 of 2 |"]
+    # per count, over the runs of all its cells: an LV 2 cell joins RV 2, a 4-scan cell stays apart
+    lv = {**two(0, "0.8", ("0.6", "0.4", True), ("0.8", "0.9", True)), "task": "lv"}
+    four = {**two(0, "0.8", ("0.8", "0.1", True), ("0.8", "0.1", True)), "labelled_scans": "4"}
+    md = early_stop_lines([two(0, "0.5", ("0.4", "0.2", True), ("0.5", "0.5", True)),
+                           two(1, "0.7", ("0.7", "0.4", True), ("0.7", "1.0", False)), lv, four])
+    summary = md[md.index("| method | labelled scans | patience | difference | time | stopped |") + 2:-1]
+    assert summary == ["| Baseline | 2 | 5 | -10.0 | 33 % | 3 of 3 |", "| Baseline | 2 | 10 | +0.0 | 80 % | 2 of 3 |",
+                       "| Baseline | 4 | 5 | +0.0 | 10 % | 1 of 1 |", "| Baseline | 4 | 10 | +0.0 | 10 % | 1 of 1 |"]
 
 
 def test_the_cluster_table_sums_up_each_setting_over_its_pre_training_seeds():

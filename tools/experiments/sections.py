@@ -630,16 +630,28 @@ def early_stop_lines(seg_rows: list[dict]) -> list[str]:
           "| method | cell | all epochs | patience | early stop | difference | time | stopped |",
           "|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    counts = defaultdict(list)  # (method, labelled scans, patience) -> the runs of all its tasks
     for (m, task, n, p) in sorted(cells, key=lambda c: (order.get(c[0], len(order)), c[0], TASK_ORDER.get(c[1], 0),
                                                           c[2], c[3])):
         rs = cells[(m, task, n, p)]
+        counts[(m, n, p)] += rs
         full = _mean_std([100.0 * float(r["test_dice"]) for r, _ in rs])
         early = _mean_std([100.0 * float(es["test_dice"]) for _, es in rs])
-        diff = statistics.fmean(100.0 * (float(es["test_dice"]) - float(r["test_dice"])) for r, es in rs)
-        shares = [float(es["time_share"]) for _, es in rs if es.get("time_share") not in (None, "")]
-        share = f"{100 * statistics.fmean(shares):.0f} %" if shares else "–"
-        stopped = sum(str(es.get("stopped")).lower() == "true" for _, es in rs)
         md.append(f"| {m} | {TASK_NAMES.get(task, task)} {n} | {full[0]:.1f} ({full[1]:.1f}) | {p} | {early[0]:.1f} "
-                  f"({early[1]:.1f}) | {diff:+.1f} | {share} | {stopped} of {len(rs)} |")
+                  f"({early[1]:.1f}) | {_early_stop_summary(rs)} |")
+    md += ["", "Per number of labelled scans, over the runs of all its cells:", "",
+           "| method | labelled scans | patience | difference | time | stopped |", "|---|---|---|---|---|---|"]
+    for (m, n, p) in sorted(counts, key=lambda c: (order.get(c[0], len(order)), c[0], c[1], c[2])):
+        md.append(f"| {m} | {n} | {p} | {_early_stop_summary(counts[(m, n, p)])} |")
     return md + [""]
+
+
+def _early_stop_summary(runs: list[tuple[dict, dict]]) -> str:
+    """The last three cells of an early-stopping line for ``runs`` ((row, its early stop) pairs): the mean paired
+    difference of test Dice x 100 (early stop minus all epochs), the mean time share and how many runs it stopped."""
+    diff = statistics.fmean(100.0 * (float(es["test_dice"]) - float(r["test_dice"])) for r, es in runs)
+    shares = [float(es["time_share"]) for _, es in runs if es.get("time_share") not in (None, "")]
+    share = f"{100 * statistics.fmean(shares):.0f} %" if shares else "–"
+    stopped = sum(str(es.get("stopped")).lower() == "true" for _, es in runs)
+    return f"{diff:+.1f} | {share} | {stopped} of {len(runs)}"
 
