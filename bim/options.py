@@ -215,7 +215,7 @@ def check_value(key: str, value, default=None, kind: str | None = None) -> str |
         return f"{key} must be one of {', '.join(repr(c) for c in choices)}{shown}, got {value!r}"
     words = " or ".join(repr(c) for c in choices)
     if kind == "counts":  # an integer or a list of them, each >= low
-        values = value if isinstance(value, list) and value else [value]
+        values = list(value) if isinstance(value, (list, tuple)) and value else [value]  # fire reads 3,5 as a tuple
         if any(check_value(key, v, default, "int") for v in values):
             return f"{key} must be an integer >= {option.low:g} or a list of them (such as [5, 10]){shown}, got {value!r}"
         return None

@@ -294,17 +294,18 @@ def test_early_stopping_ends_the_run_after_patience_validations_without_gain(tmp
 
 
 def test_record_early_stop_trains_all_epochs_and_keeps_the_model_early_stopping_would_have_kept(tmp_path):
-    """The same frozen run as above with ``record_early_stop 1`` instead of ``early_stop_patience 1``: all 4 epochs
-    run, and the record says patience 1 would have stopped after epoch 2 with the best weights of epoch 1, which
-    ``model_patience1.pt`` holds."""
+    """The same frozen run as above with ``--record_early_stop 5,1`` (two patiences, as the command line writes
+    them) instead of ``early_stop_patience 1``: all 4 epochs run; patience 1 would have stopped after epoch 2 with
+    the best weights of epoch 1, which ``model_patience1.pt`` holds; patience 5 never runs out and keeps the same."""
     overrides = dict(FAST, crop_size=64, batch_size=2, epochs=4, iters_per_epoch=2, warmup_epochs=0,
-                     learning_rate=1e-12, bn_momentum=1e-12, task="lv", record_early_stop=1)
+                     learning_rate=1e-12, bn_momentum=1e-12, task="lv", record_early_stop="5,1")
     run_config("train.json", output_dir=tmp_path, **overrides)
     assert torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)["trainer"]["iteration"] == 8
-    [record] = json.loads((tmp_path / "early_stop_record.json").read_text())
-    assert (record["patience"], record["stopped"], record["epoch"], record["iteration"], record["best_epoch"],
-            record["run_epochs"]) == (1, True, 2, 4, 1, 4)
-    assert 0 < record["seconds"] <= record["run_seconds"]
-    kept = torch.load(tmp_path / "model_patience1.pt", weights_only=True)
+    records = json.loads((tmp_path / "early_stop_record.json").read_text())
+    assert [(r["patience"], r["stopped"], r["epoch"], r["iteration"], r["best_epoch"], r["run_epochs"])
+            for r in records] == [(1, True, 2, 4, 1, 4), (5, False, 4, 8, 1, 4)]
+    assert 0 < records[0]["seconds"] <= records[1]["seconds"] <= records[1]["run_seconds"]
     best = torch.load(tmp_path / "model.pt", weights_only=True)
-    assert kept.keys() == best.keys() and all(torch.equal(kept[k], best[k]) for k in best)
+    for n in (1, 5):
+        kept = torch.load(tmp_path / f"model_patience{n}.pt", weights_only=True)
+        assert kept.keys() == best.keys() and all(torch.equal(kept[k], best[k]) for k in best)
