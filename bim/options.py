@@ -27,10 +27,10 @@ from .flags import require_flags
 
 @dataclass(frozen=True)
 class Option:
-    """``kind``: ``"bool"``, ``"int"``, ``"counts"`` (an integer or a list of them), ``"number"`` or ``""`` (any value); ``low`` / ``high`` bounds (``low_open``:
-    strictly above ``low``); ``choices``: the words it takes (besides a number of ``kind``, when it has one). Values
-    with their own check where they are used (``task``: :func:`bim.tasks.get_task`, ``method``: the semi-supervised
-    step) have no kind here."""
+    """``kind``: ``"bool"``, ``"int"``, ``"counts"`` (an integer or a list of them), ``"number"`` or ``""`` (any
+    value); ``low`` / ``high`` bounds (``low_open``: strictly above ``low``); ``choices``: the words it takes (besides
+    a number of ``kind``, when it has one). Values with their own check where they are used (``task``:
+    :func:`bim.tasks.get_task`, ``method``: the semi-supervised step) have no kind here."""
 
     meaning: str
     kind: str = ""

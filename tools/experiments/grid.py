@@ -127,9 +127,9 @@ def recorded_patiences(overrides: tuple[str, ...]) -> tuple[int, ...]:
     value = dict(zip(overrides[::2], overrides[1::2])).get("--record_early_stop")
     try:
         return record_patiences(None if value in (None, "None", "null") else ast.literal_eval(value))
-    except (ValueError, SyntaxError) as e:
-        raise ExperimentError(f"overrides: {e}" if isinstance(e, ValueError) else
-                              f"overrides: record_early_stop must be a number or a list such as [5, 10], got {value!r}") from None
+    except (ValueError, SyntaxError):  # not a Python literal, or not patiences
+        raise ExperimentError("overrides: record_early_stop must be a number of validations >= 1 or a list of them "
+                              f"such as [5, 10], got {value!r}") from None
 
 
 def ablation_defaults(variant: str = "full") -> dict:
