@@ -176,7 +176,8 @@ def _radam_run(compile_when: str | None, steps: int = 12):
 
 
 @pytest.mark.parametrize("compile_when", ["before", "after"])
-def test_the_compiled_optimizer_step_is_the_eager_step_and_follows_the_lr_schedule_without_recompiling(compile_when):
+def test_the_compiled_optimizer_step_is_the_eager_step_and_follows_the_lr_schedule_without_recompiling(
+        compile_when, compile_without_codegen):
     import warnings
 
     eager, _ = _radam_run(None)

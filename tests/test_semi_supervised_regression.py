@@ -113,10 +113,16 @@ def _method(name: str, net: torch.nn.Module, teacher, compile_step: bool = False
 
 
 @pytest.mark.parametrize("name, compile_step", [(name, False) for name in EXPECTED] + [("mean_teacher", True)])
-def test_three_steps_reproduce_the_recorded_losses_and_networks(name, compile_step):
+def test_three_steps_reproduce_the_recorded_losses_and_networks(name, compile_step, request):
     """(Mean Teacher with ``compile_step``: its views, forwards and losses as one compiled function, the same numbers.
     The compiled code reorders sums, which moves the losses' 7th digit; the networks' movements are compared at
-    ``MOVED_REL`` for every method. A changed draw or forward moves the losses' 2nd digit.)"""
+    ``MOVED_REL`` for every method. A changed draw or forward moves the losses' 2nd digit. The step is traced as on a
+    GPU and its graphs run eagerly: fixture ``compile_without_codegen``.)"""
+    from torch._dynamo.utils import counters
+
+    if compile_step:
+        request.getfixturevalue("compile_without_codegen")
+        counters.clear()
     torch.manual_seed(0)
     net = build_unet(out_channels=CLASSES, features=TINY)
     teacher = ss.ema_teacher(net, 0.9)
@@ -129,6 +135,8 @@ def test_three_steps_reproduce_the_recorded_losses_and_networks(name, compile_st
         assert set(got) == set(expected), it
         for key, value in expected.items():
             assert got[key] == pytest.approx(value, rel=REL, abs=1e-12), (it, key)
+    if compile_step:  # the numbers came from the traced graphs
+        assert step.compiled_step_terms is not None and counters["stats"]["unique_graphs"] >= 1
 
     def moved(state, keys):
         return float(sum((state[k].double() - initial[k].double()).abs().sum() for k in keys))
