@@ -137,15 +137,22 @@ def test_benchmark_streaming_trains_on_the_same_batches_from_the_host_and_from_t
 
 
 @pytest.mark.parametrize("bundle", ["finetune_seg", "meanteacher_seg"])
-def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses_for_the_same_seed(demo_dataset, bundle):
+def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses_for_the_same_seed(demo_dataset, bundle,
+                                                                                                  tmp_path):
     """tools/benchmark_finetune.py builds the bundle's train#trainer (meanteacher_seg: with its mean_teacher variant)
     and times iterations after the warm-up; two runs with the bundle's seed see the same first losses, so two
-    versions of a bundle can be compared on one run."""
+    versions of a bundle can be compared on one run; ``--profile`` profiles the ``profile_steps`` iterations after the
+    timed ones, which run unprofiled without it (the second run: same losses), and writes the operator table."""
     import benchmark_finetune
 
     kwargs = dict(bundle=bundle, dataset_dir=str(demo_dataset), iterations=6, warmup=2, features=[4, 4, 8, 8, 16, 4],
-                  crop_size=32)
-    first, second = benchmark_finetune.measure(**kwargs), benchmark_finetune.measure(**kwargs)
+                  crop_size=32, profile_steps=2)
+    table = tmp_path / "profile.txt"
+    first = benchmark_finetune.measure(**kwargs)
+    second = benchmark_finetune.measure(**kwargs, profile=str(table))
+    assert "profile" not in first and second["profile"]["steps"] == 2 and second["profile"]["wall_s"] > 0
+    assert second["profile"]["table"] == str(table) and "sorted by self_cpu_time_total" in table.read_text()
+    assert "convolution" in table.read_text()  # the profiled iterations ran the network
     assert first["ms_per_iteration"] > 0 and first["iterations"] == 6
     assert first["labelled_per_iteration"] == 5
     assert first["unlabelled_per_iteration"] == (5 if bundle == "meanteacher_seg" else 0)
@@ -155,6 +162,8 @@ def test_benchmark_finetune_times_the_bundles_own_iteration_with_the_same_losses
         assert first["variant"] == "mean_teacher"
     with pytest.raises(SystemExit, match="--bundle must be one of"):
         benchmark_finetune.measure(bundle="pretrain_bim")
+    with pytest.raises(SystemExit, match="--profile_steps must be >= 1 with --profile"):
+        benchmark_finetune.measure(bundle=bundle, profile=str(table), profile_steps=0)
 
 
 @pytest.mark.parametrize("method, unlabelled", [("mean_teacher", 2), ("supervised", 0)])

@@ -1,7 +1,8 @@
 """Time the training iteration of finetune_seg or meanteacher_seg as the bundle runs it.
 
     python tools/benchmark_finetune.py [--bundle finetune_seg] [--variant mean_teacher] [--dataset_dir DIR]
-                                       [--iterations 200] [--warmup 50] [--out PATH] [--KEY VALUE ...]
+                                       [--iterations 200] [--warmup 50] [--profile PATH --profile_steps 20]
+                                       [--out PATH] [--KEY VALUE ...]
 
 Builds the bundle's own ``train#trainer`` from its ``configs/train.json`` (meanteacher_seg: plus
 ``configs/variants/<variant>.json``) with ``monai.bundle``'s ConfigWorkflow, exactly as ``monai.bundle run``
@@ -14,6 +15,11 @@ given) too. Every other ``--KEY VALUE`` is a bundle option (``--compile False``,
 Prints one JSON line: device, ``ms_per_iteration``, labelled (and unlabelled) images per iteration and per
 second, and the training loss of the first 5 timed iterations (equal seeds give equal losses, up to bf16 noise,
 so two versions of a bundle can be compared on the same run: copy this file into the other checkout).
+``--profile PATH [--profile_steps 20]``: after the timed iterations, ``profile_steps`` more under
+``torch.profiler`` (they run without ``--profile`` too, unprofiled, so that the LR schedule and the timed
+iterations are the same either way); PATH gets the operator tables (by device time on a GPU, then by host time) and the JSON a
+``profile`` entry with ``gpu_busy_share``, the share of the profiled wall time the GPU spent in kernels (as
+``benchmark_pretrain.py --profile``; below 1, the iteration waits on the host).
 """
 
 from __future__ import annotations
@@ -48,10 +54,13 @@ def config_files(bundle: str, variant: str | None) -> list[str]:
 
 class IterationClock:
     """Ignite handlers: synchronise and start the clock after iteration ``warmup``, stop it after ``warmup +
-    iterations``, keep the loss of the first 5 timed iterations (read once the clock has stopped)."""
+    iterations``, keep the loss of the first 5 timed iterations (read once the clock has stopped); with ``prof``
+    (a ``torch.profiler.profile``), run it over the ``profile_steps`` iterations after those
+    (``profiled_s``: their wall time)."""
 
-    def __init__(self, warmup: int, iterations: int) -> None:
+    def __init__(self, warmup: int, iterations: int, prof=None, profile_steps: int = 0) -> None:
         self.warmup, self.iterations, self.start, self.seconds, self.losses = warmup, iterations, None, None, []
+        self.prof, self.profile_steps, self.profiled_s = prof, profile_steps, None
 
     def attach(self, engine) -> None:
         from ignite.engine import Events
@@ -68,6 +77,12 @@ class IterationClock:
         if it == self.warmup + self.iterations:
             _sync()
             self.seconds = time.perf_counter() - self.start
+            if self.prof is not None:
+                self.prof.start()
+        if self.prof is not None and it == self.warmup + self.iterations + self.profile_steps:
+            _sync()
+            self.prof.stop()
+            self.profiled_s = time.perf_counter() - self.start - self.seconds
 
 
 def _sync() -> None:
@@ -76,7 +91,8 @@ def _sync() -> None:
 
 
 def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_dir: str | None = None,
-            iterations: int = 200, warmup: int = 50, **options) -> dict:
+            iterations: int = 200, warmup: int = 50, profile: str | None = None, profile_steps: int = 20,
+            **options) -> dict:
     """The result (see the module docstring) of timing ``bundle``'s iteration."""
     from monai.bundle import ConfigWorkflow
 
@@ -84,6 +100,9 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
 
     if int(iterations) < 1 or int(warmup) < 1:
         raise SystemExit(f"--iterations and --warmup must be >= 1, got {iterations} and {warmup}")
+    profile_steps = int(profile_steps)
+    if profile_steps < (1 if profile else 0):
+        raise SystemExit(f"--profile_steps must be >= 1 with --profile (>= 0 without), got {profile_steps}")
     if bundle == "meanteacher_seg":
         variant = variant or "mean_teacher"
     files = config_files(bundle, variant)
@@ -93,13 +112,15 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
 
             dataset_dir = str(ensure_demo_dataset(Path(tmp) / "demo"))
         log_every = int(options.get("log_every", 20))  # the bundle's default; a checkpoint-free window below
-        options.setdefault("save_every", log_every * ((int(warmup) + int(iterations)) // log_every + 1))
+        length = int(warmup) + int(iterations) + profile_steps
+        options.setdefault("save_every", log_every * (length // log_every + 1))
         workflow = ConfigWorkflow(config_file=files, workflow_type="train", bundle_root=str(ROOT / "bundles" / bundle),
                                   dataset_dir=str(dataset_dir), output_dir=str(Path(tmp) / "run"), epochs=1,
-                                  iters_per_epoch=int(warmup) + int(iterations), progress_bar=False, **options)
+                                  iters_per_epoch=length, progress_bar=False, **options)
         workflow.initialize()
         trainer = workflow.parser.get_parsed_content("train#trainer")
-        clock = IterationClock(int(warmup), int(iterations))
+        prof = _profiler() if profile else None
+        clock = IterationClock(int(warmup), int(iterations), prof, profile_steps)
         clock.attach(trainer)
         trainer.run()
         labelled = int(workflow.parser.get_parsed_content("batch_size"))
@@ -115,7 +136,19 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
         "warmup": int(warmup), "options": options, "cudagraph_skips": cudagraph_skips(), "torch": torch.__version__,
         "command": " ".join(["python", "tools/benchmark_finetune.py", *sys.argv[1:]]),
     }
+    if prof is not None:
+        from benchmark_pretrain import profile_summary
+
+        result["profile"] = {**profile_summary(prof, clock.profiled_s, device, profile), "steps": profile_steps}
     return result
+
+
+def _profiler():
+    """A ``torch.profiler.profile`` of the CPU, and of CUDA where there is one (started and stopped by the clock)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
 
 
 def main(out: str | None = None, **kwargs) -> None:
