@@ -155,4 +155,8 @@ def test_the_inference_benchmark_reports_the_backend_that_ran_and_the_first_run_
         assert result["onnxruntime"] is (backend == "auto" and onnxruntime_available())
     with pytest.raises(ValueError, match="warmup must be >= 1"):
         tool.benchmark(cpu_backend="torch", **{**tiny, "warmup": 0})
+    assert result["gflop_per_scan"] >= 0 and result["gflop_per_s"] >= 0
+    # the count: a 3 x 3 convolution, 1 -> 4 channels, on 3 slices of 30 x 30 padded to 32 x 32, 2 FLOP a multiply-add
+    conv = torch.nn.Conv2d(1, 4, 3, padding=1, bias=False)
+    assert tool.scan_gflop(conv, torch.zeros(1, 1, 30, 30, 3)) == pytest.approx(2 * 32 * 32 * 4 * 9 * 3 / 1e9)
     capsys.readouterr()

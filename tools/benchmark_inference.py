@@ -10,10 +10,14 @@
 Each timed run segments one scan the way the bundle does (``SliceBatchInferer``: all slices as one batch, or
 ``max_slices`` at a time, padded to a multiple of 16, then softmax + argmax), after ``warmup`` untimed runs.
 ``first_run_ms`` is the first untimed run, which with ONNX Runtime includes the network's export (once a process).
+``gflop_per_scan``: the network's floating-point operations for the scan (torch's ``FlopCounterMode``, a multiply-add
+counted as 2, padding included), and ``gflop_per_s`` that over the median time: what the CPU sustains, against its
+peak (2 cores with AVX2 FMA at 3 GHz: 2 x 2 x 8 x 2 x 3 = 192 GFLOP/s in fp32).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import statistics
@@ -75,8 +79,11 @@ def benchmark(
     for _ in range(warmup - 1):
         once()
     times = [once() for _ in range(runs)]
+    gflop = scan_gflop(net, scan)
     result = {
         "ms_per_scan_median": round(statistics.median(times), 2),
+        "gflop_per_scan": round(gflop, 1),
+        "gflop_per_s": round(gflop / (statistics.median(times) / 1000.0), 1),
         "ms_per_scan_min": round(min(times), 2),
         "ms_all": [round(t, 2) for t in times],
         "device": str(dev),
@@ -95,6 +102,19 @@ def benchmark(
     }
     print(json.dumps(result))
     return result
+
+
+def scan_gflop(net: torch.nn.Module, scan: torch.Tensor) -> float:
+    """GFLOP of ``net`` over the slices of ``scan`` [1, 1, H, W, D] as ``SliceBatchInferer`` runs them (padded to a
+    multiple of 16; counted on one slice on the meta device, times the number of slices)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h, w, d = scan.shape[2:]
+    pad = lambda n: -(-n // 16) * 16  # noqa: E731
+    meta = copy.deepcopy(net).to("meta")
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        meta(torch.empty(1, 1, pad(h), pad(w), device="meta"))
+    return counter.get_total_flops() * d / 1e9
 
 
 def main(**kwargs) -> None:
