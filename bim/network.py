@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from .flags import require_choice
+from .flags import as_flag, require_choice
 from monai.networks.nets import BasicUNet
 from monai.networks.nets.basic_unet import UpCat
 from torch import nn
@@ -211,3 +211,13 @@ def unet_features_of(state_dict: Mapping[str, torch.Tensor]) -> list[int] | None
     if len(found) > 1:
         raise ValueError(f"the weights hold U-Nets of different widths: {sorted(found)}")
     return list(found.pop()) if found else None
+
+
+def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
+    """``network`` in channels_last memory format when ``enabled`` and off the CPU (on CUDA the tensor cores'
+    layout: in NCHW, cuDNN converts every bf16 convolution's tensors to NHWC and back); as is otherwise (on the CPU,
+    channels_last convolutions bring nothing here). The bundles' ``channels_last`` key."""
+    param = next(network.parameters(), None)
+    if as_flag(enabled, "channels_last") and param is not None and param.device.type != "cpu":
+        network.to(memory_format=torch.channels_last)
+    return network

@@ -129,15 +129,6 @@ def ema_teacher(network: nn.Module, decay: float = 0.99, average_buffers: bool =
     return teacher
 
 
-def to_channels_last(network: nn.Module, enabled: bool = True) -> nn.Module:
-    """``network`` in channels_last memory format when ``enabled`` and on CUDA (tensor cores' layout); as is
-    otherwise (on the CPU, channels_last convolutions bring nothing here)."""
-    param = next(network.parameters(), None)
-    if enabled and param is not None and param.device.type == "cuda":
-        network.to(memory_format=torch.channels_last)
-    return network
-
-
 # ------------------------------------------------------------------------------------------------------ losses
 # The conventions of bim.pretrain.losses: the docstring shows the equation, shapes and reduction; fp32 (autocast off);
 # one ValueError naming a bad argument; its EPS inside every logarithm of a probability.

@@ -717,3 +717,21 @@ def test_early_stop_record_of_several_patiences_records_each_on_the_same_run(tmp
     weights = [float(torch.load(tmp_path / f"model_patience{n}.pt", weights_only=True)["weight"]) for n in (1, 2, 3)]
     assert weights == [2.0, 4.0, 4.0]
     assert records[0]["seconds"] <= records[1]["seconds"] <= records[2]["seconds"] <= records[2]["run_seconds"]
+
+
+def test_channels_last_converts_an_accelerators_network_only_and_checks_the_flag():
+    """The bundles' ``channels_last`` key: a network off the CPU (here on the meta device, which stands for CUDA)
+    gets its 4-D weights in channels-last layout; on the CPU, or with the key false, the network is left as it is."""
+    from bim.network import to_channels_last
+
+    def layouts(net):
+        return {p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+                for p in net.parameters() if p.dim() == 4 and p.shape[1] > 1 and p.shape[2] > 1}
+
+    tiny = (4, 4, 8, 8, 16, 4)
+    accelerated = to_channels_last(build_unet(out_channels=2, features=tiny).to("meta"), True)
+    assert layouts(accelerated) == {True}
+    assert layouts(to_channels_last(build_unet(out_channels=2, features=tiny).to("meta"), "false")) == {False}
+    assert layouts(to_channels_last(build_unet(out_channels=2, features=tiny), True)) == {False}
+    with pytest.raises(ValueError, match="channels_last"):
+        to_channels_last(build_unet(out_channels=2, features=tiny), "maybe")

@@ -64,7 +64,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     from bim import semi_supervised as ss
     from bim.engine import compile_optimizer_step, cudagraph_skips, warmup_cosine_scheduler
     from bim.flags import require_flags
-    from bim.network import build_unet
+    from bim.network import build_unet, to_channels_last
     from bim.segmentation import SegmentationAugment
 
     if cudnn_deterministic is None:  # what the bundle that runs this step sets (its cudnn_deterministic default)
@@ -85,7 +85,7 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, not cudnn_deterministic
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
-    net = ss.to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
+    net = to_channels_last(build_unet(out_channels=num_classes, features=tuple(features)).to(dev), channels_last)
     teacher = ss.ema_teacher(net, 0.99)
     optimizer = compile_optimizer_step(torch.optim.RAdam(net.parameters(), lr=2e-5), compile_optimizer)
     # meanteacher_seg's schedule (its defaults): the LR changes at every iteration, as in a training run
