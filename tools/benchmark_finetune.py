@@ -94,6 +94,7 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
             iterations: int = 200, warmup: int = 50, profile: str | None = None, profile_steps: int = 20,
             **options) -> dict:
     """The result (see the module docstring) of timing ``bundle``'s iteration."""
+    from benchmark_pretrain import device_profiler, profile_summary
     from monai.bundle import ConfigWorkflow
 
     from bim.engine import cudagraph_skips
@@ -119,7 +120,7 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
                                   iters_per_epoch=length, progress_bar=False, **options)
         workflow.initialize()
         trainer = workflow.parser.get_parsed_content("train#trainer")
-        prof = _profiler() if profile else None
+        prof = device_profiler(workflow.parser.get_parsed_content("device")) if profile else None
         clock = IterationClock(int(warmup), int(iterations), prof, profile_steps)
         clock.attach(trainer)
         trainer.run()
@@ -137,18 +138,9 @@ def measure(bundle: str = "finetune_seg", variant: str | None = None, dataset_di
         "command": " ".join(["python", "tools/benchmark_finetune.py", *sys.argv[1:]]),
     }
     if prof is not None:
-        from benchmark_pretrain import profile_summary
-
         result["profile"] = {**profile_summary(prof, clock.profiled_s, device, profile), "steps": profile_steps}
     return result
 
-
-def _profiler():
-    """A ``torch.profiler.profile`` of the CPU, and of CUDA where there is one (started and stopped by the clock)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=activities)
 
 
 def main(out: str | None = None, **kwargs) -> None:

@@ -149,10 +149,9 @@ def main(batch_size: int = 12, unlabelled_batch_size: int = 12, size: int = 224,
 def _profile_steps(run_step, dev: torch.device, first: int, steps: int, path: str) -> dict:
     """``steps`` calls of ``run_step(iteration)`` from ``first`` on under ``torch.profiler``; the operator tables go
     to ``path`` (the pre-training benchmark's writer); returns its dict plus the device time per step in ms (on a GPU)."""
-    from benchmark_pretrain import profile_summary
+    from benchmark_pretrain import device_profiler, profile_summary
 
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch.profiler.profile(activities=activities) as prof:
+    with device_profiler(dev) as prof:
         start = time.perf_counter()
         for it in range(first, first + steps):
             run_step(it)

@@ -96,6 +96,14 @@ def kernel_time_s(events) -> float:
                if getattr(e, "device_type", cpu) != cpu and not getattr(e, "is_user_annotation", False)) / 1e6
 
 
+def device_profiler(device):
+    """A ``torch.profiler.profile`` of the host, and of ``device``'s kernels on CUDA (not started)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
 def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> dict:
     """Write ``prof``'s operator tables to ``path`` (temporary file, then rename): sorted by device time (on a GPU),
     then by host time; return the share of ``wall_s`` the device spent in kernels (``gpu_busy_share``)."""
@@ -199,9 +207,8 @@ def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | 
     progress("trainer built, starting the steps")
     set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
     device = torch.device(trainer.state.device)
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     profile = profile if rank_and_world()[0] == 0 else None  # every rank runs the profiled steps, rank 0 records them
-    prof = torch.profiler.profile(activities=activities) if profile else None
+    prof = device_profiler(device) if profile else None
     timer = StepTimer(device, warmup, iterations, prof, profile_steps)
     timer.attach(trainer)
     trainer.run()
