@@ -93,7 +93,7 @@ OPTIONS: dict[str, Option] = {
     "method": Option("semi-supervised method (checked with the variant config that builds it)"),
     "crop_size": _count("training crop side in pixels (the U-Net needs at least 16)", 16),
     "val_interval": _count("validate every N epochs (and after the last)"),
-    "early_stop_patience": _count("stop after this many validations in a row without a better val_mean_dice (model.pt keeps the best); null: train all epochs"),
+    "early_stop_patience": _count("stop after this many validations in a row without a better val_mean_dice (model.pt keeps the best); null: train all epochs (finetune_seg: 5 by default when pretrained is set)"),
     "record_early_stop": Option("train all epochs, and record where early stopping with this patience (or each of a list, such as [5, 10]) would have stopped: model_patience{N}.pt (its best weights) and early_stop_record.json; null: off", "counts", 1),
     "log_every": _count("log the loss every N iterations"),
     "save_every": _count("write checkpoint_last.pt every N iterations"),

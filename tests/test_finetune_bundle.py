@@ -293,6 +293,21 @@ def test_early_stopping_ends_the_run_after_patience_validations_without_gain(tmp
     assert json.loads((tmp_path / "best_metric.json").read_text())["epoch"] == 1
 
 
+@pytest.mark.parametrize("pretrained, record, expected", [
+    (None, None, None), ("runs/pretrain/model.pt", None, 5), ("runs/pretrain/model.pt", [5, 10], None), (None, 10, None)])
+def test_early_stop_patience_defaults_to_5_from_pretrained_weights_only(pretrained, record, expected):
+    """From pre-trained weights fine-tuning stops after 5 validations without gain; from random init, or while
+    record_early_stop records the stops of a full-length run, all epochs run; an explicit value wins."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(CONFIGS / "train.json"))
+    parser["pretrained"], parser["record_early_stop"] = pretrained, record
+    assert parser.get_parsed_content("early_stop_patience") == expected
+    parser["early_stop_patience"] = 10
+    assert parser.get_parsed_content("early_stop_patience") == 10
+
+
 def test_record_early_stop_trains_all_epochs_and_keeps_the_model_early_stopping_would_have_kept(tmp_path):
     """The same frozen run as above with ``--record_early_stop 5,1`` (two patiences, as the command line writes
     them) instead of ``early_stop_patience 1``: all 4 epochs run; patience 1 would have stopped after epoch 2 with
