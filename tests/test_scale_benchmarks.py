@@ -197,3 +197,26 @@ def test_kernel_time_counts_each_kernel_once_and_no_annotation():
               SimpleNamespace(device_type=cuda, is_user_annotation=False, self_device_time_total=200.0),
               SimpleNamespace(device_type=cuda, is_user_annotation=True, self_device_time_total=650.0)]
     assert benchmark_pretrain.kernel_time_s(events) == pytest.approx(700e-6)
+
+
+def test_benchmark_variant_times_the_step_of_that_table_row(demo_dataset, tmp_path, monkeypatch):
+    # --variant adds configs/variants/NAME.json: the timed trainer computes only that row's losses
+    overrides = benchmark_pretrain.bench_overrides(str(demo_dataset), str(tmp_path), 2, 1, 64, False, None, 1)
+    weights = {}
+    for variant in (None, "ours_mi_cc", "contrast_enc"):
+        wf, trainer = benchmark_pretrain.build_trainer(overrides, variant=variant)
+        weights[variant] = {k for k, w in trainer.loss_weights.items() if w}
+        wf.finalize()
+    assert weights == {None: {"mi", "cc", "con"}, "ours_mi_cc": {"mi", "cc"}, "contrast_enc": {"con"}}
+    with pytest.raises(ValueError, match=r"variant: expected the name of a file in .*variants.*ours_mi_cc.*got 'ours'"):
+        benchmark_pretrain.main(dataset_dir=str(demo_dataset), variant="ours")
+    seen = {}
+
+    def fake_time_trainer(*args, variant=None, **kwargs):  # what main hands the timed trainer, without timing it
+        seen["variant"] = variant
+        return {"channels_last": False, "cudnn_deterministic": True, "unet_style": "authors", "features": []}
+
+    monkeypatch.setattr(benchmark_pretrain, "_time_trainer", fake_time_trainer)
+    benchmark_pretrain.main(dataset_dir=str(demo_dataset), bare=False, variant="ours_mi", out=str(tmp_path / "b.json"))
+    assert seen == {"variant": "ours_mi"}
+    assert json.loads((tmp_path / "b.json").read_text())["settings"]["variant"] == "ours_mi"

@@ -2,10 +2,12 @@
 
     python tools/benchmark_pretrain.py [--dataset_dir DIR] [--iterations 50] [--warmup 10] [--compile False]
         [--channels_last True|False] [--decoder_pad if_needed|always] [--cudnn_deterministic True|False] [--compile_optimizer True|False]
-        [--profile PATH --profile_steps 10] [--scaling 1,2,4 --run_timeout_s 600]
+        [--profile PATH --profile_steps 10] [--scaling 1,2,4 --run_timeout_s 600] [--num_subheads 3] [--variant NAME]
 
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
-augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32) and times ``iterations`` full
+augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32; ``--variant NAME`` adds
+``configs/variants/NAME.json``, a Table 1 row, so the step computes only that row's losses: ``ours_mi_cc`` leaves out
+L_con, ``ours_mi`` also L_CC, ``contrast_enc`` keeps only L_con and skips the decoder's heads) and times ``iterations`` full
 steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``). The bare
 U-Net is the one the trainer trains: its ``unet_style`` ("authors" by default: nearest-neighbour x2 then a 3x3 conv in
@@ -119,20 +121,29 @@ def profile_summary(prof, wall_s: float, device, path: str, rows: int = 40) -> d
             "gpu_busy_share": round(busy / wall_s, 3) if busy is not None and wall_s > 0 else None}
 
 
-def pretrain_configs() -> list[str]:
-    """``train.json``, plus ``multi_gpu_train.json`` when ``torchrun`` started more than one process."""
-    configs = [str(ROOT / "bundles" / "pretrain_bim" / "configs" / "train.json")]
+def pretrain_configs(variant: str | None = None) -> list[str]:
+    """``train.json``, then ``configs/variants/<variant>.json`` when ``variant`` is given (a Table 1 row: which losses
+    the step computes), plus ``multi_gpu_train.json`` when ``torchrun`` started more than one process."""
+    configs_dir = ROOT / "bundles" / "pretrain_bim" / "configs"
+    configs = [str(configs_dir / "train.json")]
+    if variant is not None:
+        path = configs_dir / "variants" / f"{variant}.json"
+        if not path.is_file():
+            names = ", ".join(sorted(f.stem for f in (configs_dir / "variants").glob("*.json")))
+            raise ValueError(f"variant: expected the name of a file in {configs_dir / 'variants'} ({names}), "
+                             f"got {variant!r}")
+        configs.append(str(path))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         configs.append(str(ROOT / "bundles" / "pretrain_bim" / "configs" / "multi_gpu_train.json"))
     return configs
 
 
-def build_trainer(overrides: dict, store=None):
+def build_trainer(overrides: dict, store=None, variant: str | None = None):
     """The pretrain_bim workflow (initialised) and its trainer; ``store``: a slice store that replaces the one the
-    bundle would read from ``dataset_dir``."""
+    bundle would read from ``dataset_dir``; ``variant``: see :func:`pretrain_configs`."""
     from monai.bundle import ConfigWorkflow
 
-    configs = pretrain_configs()
+    configs = pretrain_configs(variant)
     replaced = {} if store is None else {"train#store": store}
     wf = ConfigWorkflow(config_file=configs if len(configs) > 1 else configs[0], workflow_type="train",
                         bundle_root=str(ROOT / "bundles" / "pretrain_bim"), **overrides, **replaced)
@@ -197,13 +208,13 @@ class StepTimer:
 
 
 def _time_trainer(overrides: dict, iterations: int, warmup: int, profile: str | None = None,
-                  profile_steps: int = 0, decoder_pad: str = "if_needed", store=None) -> dict:
+                  profile_steps: int = 0, decoder_pad: str = "if_needed", store=None, variant: str | None = None) -> dict:
     from bim.distributed import rank_and_world
     from bim.engine import cudagraph_skips
     from bim.network import set_decoder_padding
 
     progress("building the trainer")
-    wf, trainer = build_trainer(overrides, store)
+    wf, trainer = build_trainer(overrides, store, variant)
     progress("trainer built, starting the steps")
     set_decoder_padding(trainer.network, always=decoder_pad == "always")  # before the first step compiles it
     device = torch.device(trainer.state.device)
@@ -320,7 +331,8 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
          compile_bare: bool = False, channels_last: bool | None = None, compile_mode: str | None = None, num_subheads: int = 3, scans_per_batch: int = 6, crop_size: int = 224, out: str | None = None,
          output_dir: str = "/tmp/bim_benchmark_pretrain", profile: str | None = None, profile_steps: int = 10,
          bare: bool | None = None, decoder_pad: str = "if_needed", cudnn_deterministic: bool | None = None,
-         scaling=None, run_timeout_s: float = 600, compile_optimizer: bool | None = None) -> None:
+         scaling=None, run_timeout_s: float = 600, compile_optimizer: bool | None = None,
+         variant: str | None = None) -> None:
     from bim.flags import require_flags
 
     if scaling is not None:
@@ -336,11 +348,12 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
         raise ValueError(f"profile_steps must be >= 1 with --profile, got {profile_steps}")
     if decoder_pad not in ("if_needed", "always"):
         raise ValueError(f"decoder_pad: expected 'if_needed' or 'always', got {decoder_pad!r}")
+    pretrain_configs(variant)  # an unknown variant stops here, before any work
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra = int(profile_steps) if profile else 0
     overrides = bench_overrides(dataset_dir, output_dir, warmup + iterations + extra, scans_per_batch, crop_size, compile,
                                 compile_mode, num_subheads, channels_last, cudnn_deterministic, compile_optimizer)
-    full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad)
+    full_step = _time_trainer(overrides, iterations, warmup, profile, extra, decoder_pad, variant=variant)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     channels_last = full_step["channels_last"]
@@ -349,7 +362,7 @@ def main(dataset_dir: str | None = None, iterations: int = 50, warmup: int = 10,
                      "compile_optimizer": compile if compile_optimizer is None else compile_optimizer,
                      "channels_last": channels_last,
                      "decoder_pad": decoder_pad, "cudnn_deterministic": full_step["cudnn_deterministic"],
-                     "num_subheads": num_subheads, "unet_style": full_step["unet_style"],
+                     "num_subheads": num_subheads, "variant": variant, "unet_style": full_step["unet_style"],
                      "features": full_step["features"],
                      "scans_per_batch": scans_per_batch, "crop_size": crop_size},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
