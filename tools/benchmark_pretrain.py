@@ -7,7 +7,7 @@
 Builds the pretrain_bim trainer from ``bundles/pretrain_bim/configs/train.json`` (data held on the device, GPU
 augmentation, all three losses, bf16 autocast with the MI/CC losses in fp32; ``--variant NAME`` adds
 ``configs/variants/NAME.json``, a Table 1 row, so the step computes only that row's losses: ``ours_mi_cc`` leaves out
-L_con, ``ours_mi`` also L_CC, ``contrast_enc`` keeps only L_con and skips the decoder's heads) and times ``iterations`` full
+L_con, ``ours_mi`` also L_CC, ``contrast_enc`` keeps only L_con and runs the encoder alone) and times ``iterations`` full
 steps after ``warmup`` steps; then, at the same batch (2 views x scans_per_batch x partitions images of
 crop_size^2), the bare U-Net forward+backward in eager bf16 (and compiled with ``--compile_bare True``). The bare
 U-Net is the one the trainer trains: its ``unet_style`` ("authors" by default: nearest-neighbour x2 then a 3x3 conv in
@@ -134,7 +134,7 @@ def pretrain_configs(variant: str | None = None) -> list[str]:
                              f"got {variant!r}")
         configs.append(str(path))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        configs.append(str(ROOT / "bundles" / "pretrain_bim" / "configs" / "multi_gpu_train.json"))
+        configs.append(str(configs_dir / "multi_gpu_train.json"))
     return configs
 
 
