@@ -60,6 +60,25 @@ def test_the_ablation_grid_pre_trains_each_value_once_and_the_shared_point_once(
     assert {r.meta["ablation"] for r in grid if r.kind == "finetune"} == {"alpha", "lambda_cc", "num_clusters"}
 
 
+def test_the_paper_length_ablation_varies_the_papers_row_at_its_lengths_and_chosen_lr():
+    """``acdc_ablation_paper``: the paper's ablation tables are of Ours (Dec) MI+CC; LV / RV / Myo at 1 scan, the
+    paper's 50 x 200 iterations for both stages, LR 1e-4 only."""
+    grid = build_grid("acdc_ablation_paper", "/data", "/work", select={"pretrain_per_seed": True,
+                                                                       "only": "*lambda_cc*,*alpha0.5_*"})
+    pre = [r for r in grid if r.kind == "pretrain"]
+    assert sorted(r.name for r in pre) == sorted(f"pre_ours_mi_cc_{p}_ps{s}" for s in range(3)
+                                                 for p in ("alpha0.5", "lambda_cc0", "lambda_cc0.1", "lambda_cc4"))
+    args = pre[0].commands[0]
+    assert "bundles/pretrain_bim/configs/variants/ours_mi_cc.json" in " ".join(args)
+    assert args[args.index("--epochs") + 1] == "50" and args[args.index("--iters_per_epoch") + 1] == "200"
+    ft = [r for r in grid if r.kind == "finetune"]
+    assert len(ft) == 4 * 3 * 3  # values x tasks x seeds, one LR
+    assert {(r.meta["task"], r.meta["labelled_scans"], r.meta["lr"]) for r in ft} == \
+        {(t, 1, 1e-4) for t in ("lv", "rv", "myo")}
+    assert build_grid("acdc_ablation_paper", "/data", "/work", select={"methods": "Contrast (Enc) + Ours (Dec)",
+                                                                       "only": "pre_*"})[0].name == "pre_full_alpha0"
+
+
 def test_pretrain_per_seed_gives_each_split_seed_its_own_pre_training_with_that_seed():
     """``pretrain_per_seed``: the runs of split seed s start from the pre-training of seed s (also each ablation
     value's), so a row's seeds spread over pre-trainings; random-init rows are unchanged."""

@@ -226,7 +226,7 @@ def _rows(preset: str, methods) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise ExperimentError(f"unknown method {m!r}; choose among {list(METHODS)}")
     if not p.ablation:
         return rows, ()
-    ablated = rows if methods is not None else ("Contrast (Enc) + Ours (Dec)",)
+    ablated = rows if methods is not None else p.ablated
     pretrained = [m for m, (v, kind) in METHODS.items() if v is not None and kind == "finetune"]
     for m in ablated:
         if m not in pretrained:
