@@ -79,6 +79,40 @@ def test_the_paper_length_ablation_varies_the_papers_row_at_its_lengths_and_chos
                                                                        "only": "pre_*"})[0].name == "pre_full_alpha0"
 
 
+def test_the_leave_one_out_grid_sets_back_one_group_of_the_authors_options_per_pre_training(monkeypatch):
+    """``acdc_authors_loo``: beside the defaults' own Ours (Dec) MI+CC, one pre-training per group of the authors'
+    options, that group (and nothing else) at its value in configs/earlier_defaults.json; its fine-tunes are a row
+    ``[without GROUP]`` of their own."""
+    import experiments.grid as grid_module
+    from experiments.vocabulary import AUTHORS_OPTION_GROUPS
+
+    earlier = json.loads((ROOT / "bundles/pretrain_bim/configs/earlier_defaults.json").read_text())
+    grid = build_grid("acdc_authors_loo", "/data", "/work", select={"pretrain_per_seed": True})
+    pre = {r.name: r for r in grid if r.kind == "pretrain"}
+    assert set(pre) == {f"pre_ours_mi_cc{g}_ps{s}" for s in range(3)
+                        for g in [""] + [f"_without_{g}" for g in AUTHORS_OPTION_GROUPS]}
+    reference_args = pre["pre_ours_mi_cc_ps1"].commands[0]
+    for group, keys in AUTHORS_OPTION_GROUPS.items():
+        run = pre[f"pre_ours_mi_cc_without_{group}_ps1"]
+        args = run.commands[0]
+        extra = [a for a in args if a.startswith("--") and a not in reference_args]
+        assert sorted(extra) == sorted(f"--{k}" for k in keys)
+        for k in keys:
+            assert args[args.index(f"--{k}") + 1] == (earlier[k] if isinstance(earlier[k], str) else repr(earlier[k]))
+        assert run.meta["tag"] == f"without {group}" and not run.meta["ablation"]
+    ft = [r for r in grid if r.kind == "finetune"]
+    assert len(ft) == (1 + len(AUTHORS_OPTION_GROUPS)) * 3 * 3  # rows x tasks x seeds, LR 1e-4 at 1 scan
+    views = next(r for r in ft if r.name == "ft_pre_ours_mi_cc_without_views_ps2_myo_n1_s2_lr1e-4")
+    assert views.meta["method"] == "Ours (Dec) MI+CC [without views]"
+    assert views.depends == ("pre_ours_mi_cc_without_views_ps2",)
+    tagged = build_grid("acdc_authors_loo", "/data", "/work", tag="k", overrides={"batch_size": 4})
+    assert {r.meta["method"] for r in tagged if r.kind == "finetune"} == \
+        {"Ours (Dec) MI+CC [k]"} | {f"Ours (Dec) MI+CC [k, without {g}]" for g in AUTHORS_OPTION_GROUPS}
+    monkeypatch.setitem(grid_module.AUTHORS_OPTION_GROUPS, "views", ("view_rotation_deg", "view_scale"))
+    with pytest.raises(ExperimentError, match=r"earlier_defaults\.json: no earlier value for \['view_scale'\]"):
+        build_grid("acdc_authors_loo", "/data", "/work")
+
+
 def test_pretrain_per_seed_gives_each_split_seed_its_own_pre_training_with_that_seed():
     """``pretrain_per_seed``: the runs of split seed s start from the pre-training of seed s (also each ablation
     value's), so a row's seeds spread over pre-trainings; random-init rows are unchanged."""

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from bim.options import record_patiences
 
-from .vocabulary import (ABLATIONS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL, FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN,
-                         PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError, Protocol, fmt_lr, pretrain_seed_name)
+from .vocabulary import (ABLATIONS, AUTHORS_OPTION_GROUPS, EARLIER_DEFAULTS, EARLY_STOP_EVAL_PREFIX, FINETUNE_EVAL,
+                         FINETUNE_TRAIN, METHODS, MT_EVAL, MT_TRAIN, PRESETS, PRETRAIN_TRAIN, ROOT, ExperimentError,
+                         Protocol, fmt_lr, pretrain_seed_name)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,11 @@ def _variant(name: str) -> str:
 
 
 def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, extra: dict | None = None,
-                 tag: str = "", seed: int | None = None) -> Run:
+                 tag: str = "", seed: int | None = None, left_out: str | None = None) -> Run:
     """Pre-training with the ``variant`` of ``pretrain_bim`` (plus ``extra`` overrides, e.g. an ablation's alpha).
-    ``seed``: the pre-training's own seed, named ``_ps<seed>`` (None: the bundle's default, not named)."""
+    ``seed``: the pre-training's own seed, named ``_ps<seed>`` (None: the bundle's default, not named).
+    ``left_out``: the group of the authors' options (``AUTHORS_OPTION_GROUPS``) that ``extra`` sets back, labelled
+    ``[without GROUP]`` in the tables instead of an ablation."""
     name = f"pre_{variant}{tag}{pretrain_seed_name(seed)}{proto.pretrain_suffix}"
     out = work / "runs" / name
     overrides = {"dataset_dir": dataset_dir, "output_dir": str(out), "epochs": proto.pretrain_epochs,
@@ -79,8 +82,11 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
     meta = {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})}
     if seed is not None:
         meta["pretrain_seed"] = seed
-    if proto.pretrain_suffix:
-        meta["tag"] = proto.pretrain_suffix.lstrip("_")
+    tags = [proto.pretrain_suffix.lstrip("_")] + ([f"without {left_out}", ] if left_out else [])
+    if any(tags):
+        meta["tag"] = ", ".join(t for t in tags if t)
+    if left_out:
+        meta["ablation"] = ""
     return Run(name, "pretrain", (cmd,), meta)
 
 
@@ -224,7 +230,7 @@ def _rows(preset: str, methods) -> tuple[tuple[str, ...], tuple[str, ...]]:
     for m in rows:
         if m not in METHODS:
             raise ExperimentError(f"unknown method {m!r}; choose among {list(METHODS)}")
-    if not p.ablation:
+    if not (p.ablation or p.leave_one_out):
         return rows, ()
     ablated = rows if methods is not None else p.ablated
     pretrained = [m for m, (v, kind) in METHODS.items() if v is not None and kind == "finetune"]
@@ -233,6 +239,20 @@ def _rows(preset: str, methods) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise ExperimentError(f"{preset} varies a pre-training: method {m!r} has none to vary; choose among "
                                   f"{pretrained}")
     return (), ablated
+
+
+def left_out_points() -> list[tuple[str, dict]]:
+    """(group, the overrides that set it back) for each group of ``AUTHORS_OPTION_GROUPS``, the earlier values read
+    from pretrain_bim's ``configs/earlier_defaults.json``."""
+    earlier = json.loads((ROOT / EARLIER_DEFAULTS).read_text())
+    points = []
+    for group, keys in AUTHORS_OPTION_GROUPS.items():
+        missing = [k for k in keys if k not in earlier]
+        if missing:
+            raise ExperimentError(f"{EARLIER_DEFAULTS}: no earlier value for {missing} (group {group!r}); expected "
+                                  f"every key of {list(keys)}")
+        points.append((group, {k: earlier[k] for k in keys}))
+    return points
 
 
 def _ablation_points(variant: str):
@@ -278,19 +298,19 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, select=None, tag: s
     dataset_dir = str(Path(dataset_dir).resolve()) if dataset_dir not in (None, "None") else "None"
     pre: dict[tuple, Run] = {}  # (variant, ablation tag, pre-training seed or None) -> its run
 
-    def init_run(variant, extra=None, ablation_tag="", seed=None):
+    def init_run(variant, extra=None, ablation_tag="", seed=None, left_out=None):
         """The pre-training a cell of split seed ``seed`` starts from (None: random init)."""
         if variant is None:
             return None
         seed = seed if per_seed else None
         key = (variant, ablation_tag, seed)
         if key not in pre:
-            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag, seed)
+            pre[key] = pretrain_run(variant, dataset_dir, work, proto, extra, ablation_tag, seed, left_out)
         return pre[key]
 
-    def cells(kind, label, variant, meta, cell_weights=(None,), extra=None, ablation_tag=""):
-        return [segmentation_run(kind, label, init_run(variant, extra, ablation_tag, s), t, n, s, lr, dataset_dir,
-                                 work, proto, meta, consistency_weight=w)
+    def cells(kind, label, variant, meta, cell_weights=(None,), extra=None, ablation_tag="", left_out=None):
+        return [segmentation_run(kind, label, init_run(variant, extra, ablation_tag, s, left_out), t, n, s, lr,
+                                 dataset_dir, work, proto, meta, consistency_weight=w)
                 for t in tasks for n in counts for s in seeds for lr in lrs for w in cell_weights]
 
     label = (lambda m: f"{m} [{tag}]") if tag else (lambda m: m)
@@ -298,7 +318,13 @@ def build_grid(preset: str, dataset_dir: str, work_dir: str, select=None, tag: s
     for method in rows:
         variant, kind = METHODS[method]
         runs += cells(kind, label(method), variant, tag_meta, weights if kind == "meanteacher" and weights else (None,))
-    for method in ablated:
+    for method in ablated if p.leave_one_out else ():
+        runs += cells("finetune", label(method), METHODS[method][0], tag_meta)  # every option on: the reference
+        for group, extra in left_out_points():
+            runs += cells("finetune", f"{method} [{tag + ', ' if tag else ''}without {group}]", METHODS[method][0],
+                          {"left_out": group, **tag_meta}, extra=extra, ablation_tag=f"_without_{group}",
+                          left_out=group)
+    for method in ablated if p.ablation else ():
         variant = METHODS[method][0]
         for key, value in _ablation_points(variant):
             runs += cells("finetune", label(method), variant, {"ablation": key, "ablation_value": value, **tag_meta},
