@@ -79,14 +79,12 @@ def pretrain_run(variant: str, dataset_dir: str, work: Path, proto: Protocol, ex
                  "iters_per_epoch": proto.pretrain_iters, "warmup_epochs": proto.pretrain_warmup,
                  "progress_bar": False, **(extra or {}), **({} if seed is None else {"seed": seed})}
     cmd = _merge_args(_cmd([PRETRAIN_TRAIN, _variant(variant)], overrides), proto.pretrain_overrides)
-    meta = {"variant": variant, "ablation": tag.lstrip("_"), **(extra or {})}
+    meta = {"variant": variant, "ablation": "" if left_out else tag.lstrip("_"), **(extra or {})}
     if seed is not None:
         meta["pretrain_seed"] = seed
-    tags = [proto.pretrain_suffix.lstrip("_")] + ([f"without {left_out}", ] if left_out else [])
-    if any(tags):
-        meta["tag"] = ", ".join(t for t in tags if t)
-    if left_out:
-        meta["ablation"] = ""
+    tags = [t for t in (proto.pretrain_suffix.lstrip("_"), left_out and f"without {left_out}") if t]
+    if tags:
+        meta["tag"] = ", ".join(tags)
     return Run(name, "pretrain", (cmd,), meta)
 
 
