@@ -145,3 +145,26 @@ def test_the_cluster_table_sums_up_each_setting_over_its_pre_training_seeds():
     assert not [m for m in md if "`pre_ours_mi_cc_alpha0.25_t` |" in m]
     md = cluster_quality_table(rows + [row("pre_ours_mi_cc_alpha0.25_ps1_t", 0.5, 0.6)])
     assert [m for m in md if "`pre_ours_mi_cc_alpha0.25_t` | 2 | 60.0 (50.0–70.0) 1/2 | 65.0 (60.0–70.0) 2/2 |" in m]
+
+
+def test_an_ablation_grid_reports_its_ablation_table_and_no_empty_method_tables(tmp_path):
+    """An ``acdc_ablation_paper`` grid's rows record the one LR they ran as the preset's ``paper_lr``, so ``report``
+    shows them without ``--paper_lr``: the ablation table with the paper's row, and no method or per-scan section,
+    which such a grid has no rows for."""
+    from experiments.grid import build_grid
+
+    finetunes = [run for run in build_grid("acdc_ablation_paper", "/data", "/work") if run.kind == "finetune"]
+    assert finetunes and {run.meta["paper_lr"] for run in finetunes} == {run.meta["lr"] for run in finetunes} == {1e-4}
+    path = tmp_path / "results.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS + ("ablation", "ablation_value", "variant"))
+        for value, seed, test in ((0.0, 0, 0.80), (0.0, 1, 0.90), (4.0, 0, 0.60), (4.0, 1, 0.70)):
+            w.writerow([f"ft_l{value:g}_s{seed}", "finetune", "Ours (Dec) MI+CC", f"pre_l{value:g}_ps{seed}", "lv", 1,
+                        seed, 1e-4, 1e-4, 0.5, test, "NVIDIA H200", 100.0, "lambda_cc", value, "ours_mi_cc"])
+    with open(tmp_path / "results_per_scan.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("name", "scan", "dice"), ("ft_l0_s0", "patient001", 0.8)])
+    text = write_report(ReportSpec(csvs=[path]), tmp_path / "out")[0].read_text()
+    assert "| lambda_CC | 0 | 4 |" in text and "| LV, 1 scan, ours | **85.00** (5.00, n=2) | 65.00 (5.00, n=2) |" in text
+    assert "| LV, 1 scan, paper | 83.63 | 78.36 |" in text
+    assert "## Paper protocol" not in text and "## Each method" not in text and "## Hardest" not in text

@@ -112,7 +112,7 @@ def _check_labels(spec: ReportSpec, labels: set) -> None:
 def protocol_section(spec: ReportSpec, seg: list[dict], protocol: str, heading: str, out: Path):
     """(markdown lines, table cells, PNG or None) of one protocol's tables."""
     chosen = select(seg, protocol, spec.paper_lr)
-    if not chosen:
+    if not any(not r.get("ablation") for r in chosen):  # no method rows (e.g. an ablation grid): no method table
         return [], {}, None
     methods, columns, cells = table(chosen)
     same = same_as_paper(seg, cells, select_cells(seg, spec.paper_lr)) if protocol == "tuned" else []
@@ -152,10 +152,12 @@ def per_scan_sections(spec: ReportSpec, seg: list[dict]) -> list[str]:
         return []
     detail = [r for r in select(seg, "paper", spec.paper_lr)
               if spec.per_scan_methods is None or r["method"] in spec.per_scan_methods]
+    hardest = hardest_scans(detail, scan_dice)
+    if not hardest:  # no method row with per-scan Dice (ablation runs are not compared scan by scan)
+        return []
     md = ["## Hardest test scans (the paper-protocol runs that have per-scan Dice)", "",
           "Test 3D Dice x 100 of each scan, each method's mean over its runs (every labelled count and seed); the 5 "
-          "scans with the lowest mean over the methods, lowest first, then the other scans' range.", "",
-          *hardest_scans(detail, scan_dice)]
+          "scans with the lowest mean over the methods, lowest first, then the other scans' range.", "", *hardest]
     if spec.groups:
         md += ["## Test Dice by patient group (the paper-protocol runs that have per-scan Dice)", "",
                f"Groups from `{Path(spec.groups).name}` (ACDC's Info.cfg); each method's mean over its runs' scans "

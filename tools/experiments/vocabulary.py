@@ -187,12 +187,13 @@ PRESETS = {
     # the alpha, lambda_CC and K ablations at 1 labelled LV scan
     "acdc_ablation_fast": Preset(ACDC_FAST, (), ("lv",), (1,), (0,), ablation=True),
     # the paper's ablation tables at its lengths: Ours (Dec) MI+CC, LV / RV / Myo at 1 labelled scan, 3 seeds, at the
-    # LR validation chose for that row (1e-4); add "pretrain_per_seed": true to --select for a pre-training per seed
-    "acdc_ablation_paper": Preset(replace(PAPER, lrs=(1e-4,)), (), ACDC_TASKS, (1,), ablation=True,
+    # LR validation chose for that row (1e-4, also the LR `report` reads them at); add "pretrain_per_seed": true to
+    # --select for a pre-training per seed
+    "acdc_ablation_paper": Preset(replace(PAPER, paper_lr=1e-4, lrs=(1e-4,)), (), ACDC_TASKS, (1,), ablation=True,
                                   ablated=("Ours (Dec) MI+CC",)),
     # which of the authors' code's choices Ours (Dec) MI+CC needs: each group of them left out (set back to
     # configs/earlier_defaults.json) in turn, at the paper's lengths, LV / RV / Myo at 1 labelled scan, LR 1e-4
-    "acdc_authors_loo": Preset(replace(PAPER, lrs=(1e-4,)), (), ACDC_TASKS, (1,), leave_one_out=True,
+    "acdc_authors_loo": Preset(replace(PAPER, paper_lr=1e-4, lrs=(1e-4,)), (), ACDC_TASKS, (1,), leave_one_out=True,
                                ablated=("Ours (Dec) MI+CC",)),
     # a seconds-long CPU grid on the demo data (tests)
     "smoke": Preset(SMOKE, ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"), ("lv",), (1,), (0,)),
