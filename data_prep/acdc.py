@@ -12,9 +12,7 @@ from .common import (
     atomic_output,
     log,
     make_datalist,
-    parse_bool,
-    parse_int,
-    parse_int_list,
+    parse_prepare_options,
     slice_partition,
     write_json,
 )
@@ -161,11 +159,7 @@ def prepare_into(
 
 
 def prepare(src, dst, size=384, split=None, seeds=(0, 1, 2), split_seed=0, workers=2, overwrite=False) -> dict:
-    seeds = parse_int_list(seeds, "seeds", 0)
-    size = parse_int(size, "size", 8)
-    split_seed = parse_int(split_seed, "split_seed", 0)
-    workers = parse_int(workers, "workers", 1)
-    overwrite = parse_bool(overwrite, "overwrite")
+    seeds, size, split_seed, workers, overwrite = parse_prepare_options(seeds, size, split_seed, workers, overwrite)
     src = Path(src)
     root = find_root(src)
     dataset = "synthetic-acdc" if is_synthetic(root) else "acdc"

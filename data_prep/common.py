@@ -415,6 +415,13 @@ def parse_bool(value, name: str) -> bool:
     raise DataPrepError(f"--{name}: expected true or false, got {value!r}")
 
 
+def parse_prepare_options(seeds, size, split_seed, workers, overwrite) -> tuple[list[int], int, int, int, bool]:
+    """The options every challenge layout's ``prepare`` takes, checked: (seeds >= 0, size >= 8, split_seed >= 0,
+    workers >= 1, overwrite); DataPrepError naming the option otherwise."""
+    return (parse_int_list(seeds, "seeds", 0), parse_int(size, "size", 8), parse_int(split_seed, "split_seed", 0),
+            parse_int(workers, "workers", 1), parse_bool(overwrite, "overwrite"))
+
+
 # ---------------------------------------------------------------------------------------- datalist
 def make_datalist(
     *,

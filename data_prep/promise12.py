@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .common import DataPrepError, atomic_output, log, make_datalist, slice_partition, write_json
-from .common import parse_bool, parse_int, parse_int_list
+from .common import parse_prepare_options
 from .scan import ScanJob, run_jobs
 from .splits import PROMISE_FRACTIONS, apply_split_file, load_split_file, seeded_split
 
@@ -47,11 +47,7 @@ def discover(src: Path) -> tuple[Path, list[tuple[str, Path, Path]]]:
 
 
 def prepare(src, dst, size=256, split=None, seeds=(0, 1, 2), split_seed=0, workers=2, overwrite=False) -> dict:
-    seeds = parse_int_list(seeds, "seeds", 0)
-    size = parse_int(size, "size", 8)
-    split_seed = parse_int(split_seed, "split_seed", 0)
-    workers = parse_int(workers, "workers", 1)
-    overwrite = parse_bool(overwrite, "overwrite")
+    seeds, size, split_seed, workers, overwrite = parse_prepare_options(seeds, size, split_seed, workers, overwrite)
     src = Path(src)
     root, cases = discover(src)
     with atomic_output(Path(dst), "promise12", src, overwrite, inputs=(src, split)) as tmp:
