@@ -163,6 +163,9 @@ FAST = Protocol(pretrain_epochs=10, pretrain_iters=200, pretrain_warmup=2, finet
 LIGHT_AUGMENTATION = ("--max_rotation_deg", "15.0", "--scale_range", "[0.9, 1.1]", "--gamma_range", "None")
 ACDC_FAST = replace(FAST, finetune_overrides=FAST.finetune_overrides + LIGHT_AUGMENTATION)
 PAPER = Protocol()
+# the paper's lengths at one fine-tuning LR, 1e-4 (the LR validation chose for Ours (Dec) MI+CC), also the LR that
+# `report` reads the runs at
+PAPER_LR_1E4 = replace(PAPER, paper_lr=1e-4, lrs=(1e-4,))
 # the authors' edge map for prostate MR: |grad I|^0.5 (ACDC: the bundle's default 0.75)
 PROSTATE_EDGE = ("--edge_power", "0.5")
 SMOKE = Protocol(pretrain_epochs=1, pretrain_iters=2, pretrain_warmup=0, finetune_epochs=1, finetune_iters=2,
@@ -187,13 +190,12 @@ PRESETS = {
     # the alpha, lambda_CC and K ablations at 1 labelled LV scan
     "acdc_ablation_fast": Preset(ACDC_FAST, (), ("lv",), (1,), (0,), ablation=True),
     # the paper's ablation tables at its lengths: Ours (Dec) MI+CC, LV / RV / Myo at 1 labelled scan, 3 seeds, at the
-    # LR validation chose for that row (1e-4, also the LR `report` reads them at); add "pretrain_per_seed": true to
-    # --select for a pre-training per seed
-    "acdc_ablation_paper": Preset(replace(PAPER, paper_lr=1e-4, lrs=(1e-4,)), (), ACDC_TASKS, (1,), ablation=True,
+    # LR validation chose for that row (1e-4); add "pretrain_per_seed": true to --select for a pre-training per seed
+    "acdc_ablation_paper": Preset(PAPER_LR_1E4, (), ACDC_TASKS, (1,), ablation=True,
                                   ablated=("Ours (Dec) MI+CC",)),
     # which of the authors' code's choices Ours (Dec) MI+CC needs: each group of them left out (set back to
     # configs/earlier_defaults.json) in turn, at the paper's lengths, LV / RV / Myo at 1 labelled scan, LR 1e-4
-    "acdc_authors_loo": Preset(replace(PAPER, paper_lr=1e-4, lrs=(1e-4,)), (), ACDC_TASKS, (1,), leave_one_out=True,
+    "acdc_authors_loo": Preset(PAPER_LR_1E4, (), ACDC_TASKS, (1,), leave_one_out=True,
                                ablated=("Ours (Dec) MI+CC",)),
     # a seconds-long CPU grid on the demo data (tests)
     "smoke": Preset(SMOKE, ("Baseline", "Contrast (Enc) + Ours (Dec)", "Mean Teacher"), ("lv",), (1,), (0,)),
