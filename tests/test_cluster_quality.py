@@ -124,3 +124,50 @@ def test_the_centre_window_is_the_fine_tune_evaluations_window(size):
     assert window.shape == (size, size, 2) and torch.equal(window, torch.as_tensor(expected))
     with pytest.raises(ValueError, match="center_crop must be null or a positive int"):
         CQ.ClusterQualityHandler(None, "q.json", center_crop=0)
+
+
+def _constant_structures(intensities, sizes):
+    """One 1-D 'scan' [N, 1, 1]: class c takes ``sizes[c]`` pixels of intensity ``intensities[c]``."""
+    label = torch.cat([torch.full((n,), c) for c, n in enumerate(sizes)])
+    image = torch.tensor(intensities, dtype=torch.float32)[label]
+    return image.view(-1, 1, 1), label.view(-1, 1, 1)
+
+
+def test_intensity_bins_recover_structures_that_intensity_alone_separates():
+    image, label = _constant_structures([0.1, 0.4, 0.6, 0.9], [50, 50, 50, 50])  # 4 bins of 50 pixels each
+    q = cluster_quality(CQ.intensity_bin_counts([image], [label], 4, 4), NAMES)
+    for name in NAMES.values():
+        assert q["classes"][name]["pooled_dice"] == pytest.approx(1.0, abs=1e-12)
+    assert q["nmi"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_structure_that_shares_its_intensity_with_other_tissue_is_not_one_intensity_bin():
+    # background: 100 pixels at 0.1 and 50 at 0.5, the myocardium's intensity; RV 50 at 0.9, Myo 50 at 0.5, LV 50 at 0.7.
+    image, label = _constant_structures([0.1, 0.9, 0.5, 0.7], [150, 50, 50, 50])
+    image[100:150] = 0.5
+    counts = CQ.intensity_bin_counts([image], [label], 4, 4)
+    q = cluster_quality(counts, NAMES)
+    assert q["classes"]["Myo"]["pooled_dice"] == pytest.approx(2 * 50 / (100 + 50), abs=1e-12)  # its bin: 100 pixels
+    assert q["classes"]["Myo"]["precision"] == pytest.approx(0.5, abs=1e-12)
+    assert q["classes"]["LV"]["pooled_dice"] == q["classes"]["RV"]["pooled_dice"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_the_intensity_reference_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "reference.json"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "cluster_reference.py"
+    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--num_clusters", "8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result == CQ.intensity_reference(demo_dataset, "validation", 8)
+    assert result["num_clusters"] == 8 and result["scans"] >= 1 and set(result["classes"]) == {"RV", "Myo", "LV"}
+    assert "LV: best-cluster Dice" in proc.stdout and "NMI" in proc.stdout
+    with pytest.raises(ValueError, match="num_clusters must be an int >= 2"):
+        CQ.intensity_reference(demo_dataset, "validation", 1)
+    with pytest.raises(ValueError, match="has no key 'tset'"):  # a mistyped split: the datalist's own error
+        CQ.intensity_reference(demo_dataset, "tset", 8)

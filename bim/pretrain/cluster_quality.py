@@ -120,6 +120,39 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
     return out
 
 
+def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor], num_clusters: int, num_classes: int,
+                         max_samples: int = 4_000_000) -> list[torch.Tensor]:
+    """A clustering that knows nothing but intensity, as the floor a learned clustering must clear: each pixel's
+    cluster is its intensity's bin among ``num_clusters`` bins of equal pixel count, the bin edges the quantiles of
+    all scans' pixels together (so one cluster means the same intensity range in every scan; at most
+    ``max_samples`` pixels, evenly strided, set the edges). Returns one [K, C] count matrix per scan (C =
+    ``num_classes``), as :func:`cluster_quality` takes them."""
+    if num_clusters < 2 or isinstance(num_clusters, bool) or not isinstance(num_clusters, int):
+        raise ValueError(f"num_clusters must be an int >= 2, got {num_clusters!r}")
+    if not images or len(images) != len(labels):
+        raise ValueError(f"expected as many label maps as images (at least one), got {len(images)} and {len(labels)}")
+    pixels = torch.cat([im.float().flatten() for im in images])
+    pixels = pixels[:: max(1, math.ceil(pixels.numel() / max_samples))]
+    edges = torch.quantile(pixels, torch.linspace(0, 1, num_clusters + 1)[1:-1])
+    return [contingency(torch.bucketize(im.float(), edges), lab, num_clusters, num_classes)
+            for im, lab in zip(images, labels)]
+
+
+def intensity_reference(dataset_dir, split: str = "validation", num_clusters: int = 40, max_scans: int = 50) -> dict:
+    """:func:`cluster_quality` of :func:`intensity_bin_counts` on the labelled ``split`` scans of a data_prep data set,
+    read as the pre-training's cluster quality reads them (the same scans, the same normalised intensities)."""
+    handler = ClusterQualityHandler(dataset_dir, path="unused.json", split=split, max_scans=max_scans)
+    items, names = handler._labelled_items()
+    if not items or not names:
+        raise ValueError(f"{dataset_dir}: no labelled {split!r} scans (or no label names in datalist.json): the "
+                         f"reference clustering is scored against labels")
+    load = volume_loader(with_label=True)
+    scans = [load(it) for it in items]
+    counts = intensity_bin_counts([torch.as_tensor(d["image"]) for d in scans],
+                                  [torch.as_tensor(d["label"]).long() for d in scans], num_clusters, max(names) + 1)
+    return {"split": split, "clustering": f"intensity, {num_clusters} equal-count bins", **cluster_quality(counts, names)}
+
+
 class ClusterQualityHandler:
     """At the end of pre-training (ignite ``COMPLETED``) scores the cluster maps of the model on the labelled
     ``split`` scans of ``dataset_dir`` (see the module docstring) and writes ``path`` (JSON, atomically); also
