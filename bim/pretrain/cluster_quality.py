@@ -120,6 +120,14 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
     return out
 
 
+def labelled_scans(dataset_dir, split: str, max_scans: int) -> tuple[list[dict], dict[int, str]]:
+    """The first ``max_scans`` labelled items of ``split`` in a data_prep data set, and its foreground label names
+    {index: name} (background not scored)."""
+    items = [it for it in read_items(dataset_dir, split) if "label" in it][:max_scans]
+    datalist = json.loads((resolve_dataset_dir(dataset_dir) / "datalist.json").read_text())
+    return items, {int(k): v for k, v in datalist.get("labels", {}).items() if int(k) > 0}
+
+
 def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor], num_clusters: int, num_classes: int,
                          max_samples: int = 4_000_000) -> list[torch.Tensor]:
     """A clustering that knows nothing but intensity, as the floor a learned clustering must clear: each pixel's
@@ -141,8 +149,7 @@ def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor],
 def intensity_reference(dataset_dir, split: str = "validation", num_clusters: int = 40, max_scans: int = 50) -> dict:
     """:func:`cluster_quality` of :func:`intensity_bin_counts` on the labelled ``split`` scans of a data_prep data set,
     read as the pre-training's cluster quality reads them (the same scans, the same normalised intensities)."""
-    handler = ClusterQualityHandler(dataset_dir, path="unused.json", split=split, max_scans=max_scans)
-    items, names = handler._labelled_items()
+    items, names = labelled_scans(dataset_dir, split, max_scans)
     if not items or not names:
         raise ValueError(f"{dataset_dir}: no labelled {split!r} scans (or no label names in datalist.json): the "
                          f"reference clustering is scored against labels")
@@ -173,10 +180,7 @@ class ClusterQualityHandler:
             engine.add_event_handler(Events.COMPLETED, self)
 
     def _labelled_items(self) -> tuple[list[dict], dict[int, str]]:
-        items = [it for it in read_items(self.dataset_dir, self.split) if "label" in it][: self.max_scans]
-        datalist = json.loads((resolve_dataset_dir(self.dataset_dir) / "datalist.json").read_text())
-        names = {int(k): v for k, v in datalist.get("labels", {}).items() if int(k) > 0}
-        return items, names
+        return labelled_scans(self.dataset_dir, self.split, self.max_scans)
 
     def _scan_clusters(self, model, ablate_levels=(), items=None):
         """Per labelled ``split`` scan (or per entry of ``items``): (cluster index map, label map), both [H, W, D] on
