@@ -23,6 +23,9 @@ These are the first sub-head's scores on the whole slice (what the panels show).
 every sub-head (each an independent clustering of the same embedding, so they say how much a score owes to one
 head's initialisation) and for the first sub-head inside the centre 224 x 224 window of each slice (the authors'
 field of view on ACDC, where fewer tissues outside the heart share a cluster with a structure).
+
+:func:`intensity_reference` scores a clustering of intensity alone the same way (``tools/cluster_reference.py``): the
+floor a pre-training's clusters must clear before they can be said to follow the anatomy.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor],
     all scans' pixels together (so one cluster means the same intensity range in every scan; at most
     ``max_samples`` pixels, evenly strided, set the edges). Returns one [K, C] count matrix per scan (C =
     ``num_classes``), as :func:`cluster_quality` takes them."""
-    if num_clusters < 2 or isinstance(num_clusters, bool) or not isinstance(num_clusters, int):
+    if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 2:
         raise ValueError(f"num_clusters must be an int >= 2, got {num_clusters!r}")
     if not images or len(images) != len(labels):
         raise ValueError(f"expected as many label maps as images (at least one), got {len(images)} and {len(labels)}")
