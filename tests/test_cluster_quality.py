@@ -83,6 +83,9 @@ def test_precision_recall_and_many_to_one_tell_a_split_structure_from_a_merged_o
     q = cluster_quality([merged], NAMES)["classes"]
     assert (q["LV"]["precision"], q["LV"]["recall"]) == pytest.approx((4 / 6, 1.0))
     assert q["LV"]["many_to_one_dice"] == pytest.approx(2 * 4 / (6 + 4)) and q["RV"]["many_to_one_dice"] == 0.0
+    # where the rest of LV's cluster lies: a third of it is RV, none background; its LV share is its precision
+    assert q["LV"]["composition"] == pytest.approx({"background": 0.0, "RV": 2 / 6, "Myo": 0.0, "LV": 4 / 6})
+    assert cluster_quality([split], NAMES)["classes"]["LV"]["composition"]["LV"] == pytest.approx(1.0)
     assert math.isnan(float(many_to_one_dice(merged)[2]))  # no Myo pixel: undefined, not 0
 
 

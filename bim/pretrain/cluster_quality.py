@@ -14,6 +14,9 @@ For each labelled structure c and cluster k, with n_kc the pixels of cluster k i
   pooled Dice weighs scans by their size);
 - **precision** ``n_kc / n_k`` and **recall** ``n_kc / n_c`` of the pooled best cluster k: a low precision means
   that cluster also covers other tissue, a low recall that the structure is split over several clusters;
+- **composition** of that cluster: the share of its pixels in each class (background and every class, the
+  structure's own share being its precision), i.e. *which* other tissue a low precision takes in (a myocardium
+  cluster that spills into the LV cavity and one that spills outwards have the same precision);
 - **many-to-one Dice**: each cluster is given the class most of its pooled pixels have, and the union of the
   clusters given c is scored against c (the usual score of over-clustering, as in IIC): a structure split over
   several clusters that cover nothing else scores 1 here but less in the best-cluster Dice;
@@ -104,6 +107,7 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
     pooled_dice, pooled_cluster = best_cluster_dice(pooled)
     pooled_m2o = many_to_one_dice(pooled)
     n_k, n_c = pooled.sum(1), pooled.sum(0)
+    class_label = {c: class_names.get(c, "background" if c == 0 else str(c)) for c in range(pooled.shape[1])}
     per_scan = torch.stack([best_cluster_dice(c)[0] for c in per_scan_counts])  # [S, C]
     out = {"scans": len(per_scan_counts), "num_clusters": int(pooled.shape[0]), "nmi": normalised_mutual_information(pooled),
            "classes": {}}
@@ -118,6 +122,8 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
             "cluster": k,
             "precision": float(pooled[k, c] / n_k[k]) if n_k[k] > 0 else math.nan,
             "recall": float(pooled[k, c] / n_c[c]) if n_c[c] > 0 else math.nan,
+            "composition": {class_label[j]: float(pooled[k, j] / n_k[k]) if n_k[k] > 0 else math.nan
+                            for j in range(pooled.shape[1])},
             "many_to_one_dice": float(pooled_m2o[c]),
         }
     return out
