@@ -174,3 +174,37 @@ def test_the_intensity_reference_scores_a_data_sets_labelled_scans(demo_dataset,
         CQ.intensity_reference(demo_dataset, "validation", 1)
     with pytest.raises(ValueError, match="has no key 'tset'"):  # a mistyped split: the datalist's own error
         CQ.intensity_reference(demo_dataset, "tset", 8)
+
+
+def test_the_spill_tells_a_band_across_the_border_from_tissue_far_away():
+    # one 24 x 24 slice: Myo (class 2) is the square [8, 16) x [8, 16); cluster 1 holds Myo's left half, the two
+    # columns just left of it (1-2 pixels away) and a 2 x 8 patch 7-8 pixels below it; cluster 0 is everything else
+    label = torch.zeros(24, 24, 1, dtype=torch.long)
+    label[8:16, 8:16] = 2
+    clusters = torch.zeros_like(label)
+    clusters[8:16, 8:12] = 1
+    clusters[8:16, 6:8] = 1
+    clusters[22:24, 8:16] = 1  # rows 22-23: 7-8 pixels below Myo's last row (15)
+    counts = contingency(clusters, label, 2, 4)
+    spill = CQ.spill_counts(clusters, label, 2, 4)
+    assert spill.shape == (4, len(CQ.SPILL_BANDS_PX), 2) and spill[0].sum() == 0  # background is not scored
+    q = cluster_quality([counts], NAMES, [spill])["classes"]["Myo"]
+    size = 32 + 16 + 16  # Myo's half, the two columns beside it, the patch below
+    assert q["cluster"] == 1 and q["precision"] == pytest.approx(32 / size)
+    assert q["spill"] == pytest.approx({"1-3px": 16 / size, "4-10px": 16 / size, ">10px": 0.0})
+    assert q["precision"] + sum(q["spill"].values()) == pytest.approx(1.0)
+    # the patch moved 21-22 pixels below Myo: it spills far
+    clusters[22:24, 8:16] = 0
+    far = torch.zeros(40, 40, 1, dtype=torch.long)
+    far[:24, :24] = clusters
+    far_label = torch.zeros_like(far)
+    far_label[:24, :24] = label
+    far[36:38, 8:16] = 1  # rows 36-37: 21-22 pixels below Myo
+    q = cluster_quality([contingency(far, far_label, 2, 4)], NAMES, [CQ.spill_counts(far, far_label, 2, 4)])
+    assert q["classes"]["Myo"]["spill"] == pytest.approx({"1-3px": 16 / size, "4-10px": 0.0, ">10px": 16 / size})
+    with pytest.raises(ValueError, match="one spill count per scan"):
+        cluster_quality([counts], NAMES, [spill, spill])
+    with pytest.raises(ValueError, match="bands must be increasing positive ints"):
+        CQ.spill_counts(clusters, label, 2, 4, bands=(10, 3))
+    with pytest.raises(ValueError, match=r"must be \[H, W, D\] maps"):
+        CQ.spill_counts(clusters[..., 0], label[..., 0], 2, 4)

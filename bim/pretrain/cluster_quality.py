@@ -17,6 +17,10 @@ For each labelled structure c and cluster k, with n_kc the pixels of cluster k i
 - **composition** of that cluster: the share of its pixels in each class (background and every class, the
   structure's own share being its precision), i.e. *which* other tissue a low precision takes in (a myocardium
   cluster that spills into the LV cavity and one that spills outwards have the same precision);
+- **spill** of that cluster: the share of its pixels outside the structure that lie within 1-3, 4-10 and more
+  than 10 pixels of it in their slice (in-plane chessboard distance; 1 mm pixels on a prepared ACDC scan), so that
+  precision + spill = 1: a cluster that straddles the structure's border spills within 3 pixels, one that also
+  takes in tissue of the same look elsewhere (other muscle for the myocardium) spills far;
 - **many-to-one Dice**: each cluster is given the class most of its pooled pixels have, and the union of the
   clusters given c is scored against c (the usual score of over-clustering, as in IIC): a structure split over
   several clusters that cover nothing else scores 1 here but less in the best-cluster Dice;
@@ -24,8 +28,9 @@ For each labelled structure c and cluster k, with n_kc the pixels of cluster k i
 
 These are the first sub-head's scores on the whole slice (what the panels show). The same scores are written for
 every sub-head (each an independent clustering of the same embedding, so they say how much a score owes to one
-head's initialisation) and for the first sub-head inside the centre 224 x 224 window of each slice (the authors'
-field of view on ACDC, where fewer tissues outside the heart share a cluster with a structure).
+head's initialisation; the spill for the first only) and for the first sub-head inside the centre 224 x 224 window of
+each slice (the authors' field of view on ACDC, where fewer tissues outside the heart share a cluster with a
+structure).
 
 :func:`intensity_reference` scores a clustering of intensity alone the same way (``tools/cluster_reference.py``): the
 floor a pre-training's clusters must clear before they can be said to follow the anatomy.
@@ -58,6 +63,49 @@ def contingency(clusters: torch.Tensor, labels: torch.Tensor, num_clusters: int,
         raise ValueError(f"labels must lie in [0, {num_classes - 1}], got [{int(labels.min())}, {int(labels.max())}]")
     flat = clusters.long().flatten() * num_classes + labels.long().flatten()
     return torch.bincount(flat, minlength=num_clusters * num_classes).view(num_clusters, num_classes).double()
+
+
+SPILL_BANDS_PX = (3, 10)  # the spill's distance bands: 1-3, 4-10 and > 10 pixels from the structure
+
+
+def spill_counts(clusters: torch.Tensor, labels: torch.Tensor, num_clusters: int, num_classes: int,
+                 bands: tuple[int, ...] = SPILL_BANDS_PX) -> torch.Tensor:
+    """Pixel counts [C, len(bands), K]: entry (c, b, k) counts the pixels of cluster ``k`` outside class ``c`` that
+    lie within ``bands[b]`` pixels of class c in their slice (chessboard distance in the plane of the first two
+    axes of the [H, W, D] maps ``clusters`` and ``labels``; cumulative over the bands). Class 0 (background) is not
+    scored: its rows are 0."""
+    if clusters.shape != labels.shape or labels.dim() != 3:
+        raise ValueError(f"clusters {tuple(clusters.shape)} and labels {tuple(labels.shape)} must be [H, W, D] maps "
+                         f"of the same shape")
+    if not bands or any(not isinstance(r, int) or r < 1 for r in bands) or list(bands) != sorted(set(bands)):
+        raise ValueError(f"bands must be increasing positive ints of pixels, got {bands!r}")
+    slices = labels.permute(2, 0, 1).long()  # [D, H, W]
+    flat_clusters = clusters.permute(2, 0, 1).long()
+    out = torch.zeros(num_classes, len(bands), num_clusters, dtype=torch.float64)
+    for c in range(1, num_classes):
+        inside = (slices == c).float()[:, None]  # [D, 1, H, W]
+        if not inside.any():
+            continue
+        for b, r in enumerate(bands):
+            near = torch.nn.functional.max_pool2d(inside, 2 * r + 1, stride=1, padding=r)[:, 0] > 0
+            ring = near & (slices != c)
+            out[c, b] = torch.bincount(flat_clusters[ring], minlength=num_clusters).double()
+    return out
+
+
+def spill_shares(spill: torch.Tensor, k: int, c: int, cluster_size: float, outside: float,
+                 bands: tuple[int, ...] = SPILL_BANDS_PX) -> dict[str, float]:
+    """From pooled :func:`spill_counts` ``spill`` [C, B, K]: the shares of cluster ``k``'s ``cluster_size`` pixels
+    that lie outside class ``c`` (``outside`` of them in all) in each distance band, the last band open
+    ({"1-3px": .., "4-10px": .., ">10px": ..} for the default bands)."""
+    if cluster_size <= 0:
+        return {}
+    within = [float(spill[c, b, k]) for b in range(len(bands))]
+    edges = [0, *bands]
+    shares = {f"{edges[b] + 1}-{edges[b + 1]}px": (within[b] - (within[b - 1] if b else 0.0)) / cluster_size
+              for b in range(len(bands))}
+    shares[f">{bands[-1]}px"] = (outside - within[-1]) / cluster_size
+    return shares
 
 
 def best_cluster_dice(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,11 +146,16 @@ def normalised_mutual_information(counts: torch.Tensor) -> float:
     return float(mi / denom) if denom > 0 else 0.0
 
 
-def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, str]) -> dict:
+def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, str],
+                    per_scan_spill: list[torch.Tensor] | None = None) -> dict:
     """The scores of the module docstring from one [K, C] count matrix per scan; ``class_names`` maps the
-    foreground class indices to be scored to their names (background is not scored)."""
+    foreground class indices to be scored to their names (background is not scored). ``per_scan_spill``, one
+    :func:`spill_counts` per scan, adds each best cluster's ``spill``."""
     if not per_scan_counts:
         raise ValueError("cluster_quality needs at least one scan")
+    if per_scan_spill is not None and len(per_scan_spill) != len(per_scan_counts):
+        raise ValueError(f"expected one spill count per scan ({len(per_scan_counts)}), got {len(per_scan_spill)}")
+    spill = torch.stack(per_scan_spill).sum(0) if per_scan_spill else None
     pooled = torch.stack(per_scan_counts).sum(0)
     pooled_dice, pooled_cluster = best_cluster_dice(pooled)
     pooled_m2o = many_to_one_dice(pooled)
@@ -126,6 +179,8 @@ def cluster_quality(per_scan_counts: list[torch.Tensor], class_names: dict[int, 
                             for j in range(pooled.shape[1])},
             "many_to_one_dice": float(pooled_m2o[c]),
         }
+        if spill is not None:
+            out["classes"][name]["spill"] = spill_shares(spill, k, c, float(n_k[k]), float(n_k[k] - pooled[k, c]))
     return out
 
 
@@ -248,20 +303,25 @@ class ClusterQualityHandler:
         rank, world = rank_and_world()
         start, stop = share_bounds(len(items), rank, world)  # each rank its block of scans, gathered in order
         num_clusters, num_classes = self._num_clusters(model), max(names) + 1
-        counts, window = [], []  # per scan: [S, K, C] counts of every sub-head; [K, C] of the first in the window
+        counts, window, spill = [], [], []  # per scan: [S, K, C] of every sub-head; [K, C] in the window; spill
         for clusters, label in self._scan_subhead_clusters(model, items[start:stop]):
             counts.append(torch.stack([contingency(c, label, num_clusters, num_classes) for c in clusters]))
+            spill.append(spill_counts(clusters[0], label, num_clusters, num_classes))
             if self.center_crop is not None:
-                window.append(contingency(self._center_window(clusters[0]), self._center_window(label),
-                                          num_clusters, num_classes))
+                inner, inner_label = self._center_window(clusters[0]), self._center_window(label)
+                window.append((contingency(inner, inner_label, num_clusters, num_classes),
+                               spill_counts(inner, inner_label, num_clusters, num_classes)))
         counts = [c for share in all_gather_objects(counts) for c in share]
         window = [c for share in all_gather_objects(window) for c in share]
+        spill = [c for share in all_gather_objects(spill) for c in share]
         if was_training:
             model.train()
-        out = {"split": self.split, **cluster_quality([c[0] for c in counts], names)}
-        out["subheads"] = [cluster_quality([c[s] for c in counts], names) for s in range(counts[0].shape[0])]
+        out = {"split": self.split, **cluster_quality([c[0] for c in counts], names, spill)}
+        out["subheads"] = [cluster_quality([c[s] for c in counts], names, None if s else spill)
+                          for s in range(counts[0].shape[0])]
         if self.center_crop is not None:
-            out["center_crop"] = {"size": self.center_crop, **cluster_quality(window, names)}
+            out["center_crop"] = {"size": self.center_crop,
+                                  **cluster_quality([w[0] for w in window], names, [w[1] for w in window])}
         return out
 
     @torch.no_grad()
