@@ -208,3 +208,45 @@ def test_the_spill_tells_a_band_across_the_border_from_tissue_far_away():
         CQ.spill_counts(clusters, label, 2, 4, bands=(10, 3))
     with pytest.raises(ValueError, match=r"must be \[H, W, D\] maps"):
         CQ.spill_counts(clusters[..., 0], label[..., 0], 2, 4)
+
+
+def test_a_context_clustering_separates_a_myocardium_from_other_muscle_of_its_intensity():
+    # a ring of intensity 0.5 (Myo) between a bright cavity (LV) and a bright annulus (background), and a disk of the
+    # same 0.5 and size far away in dark background: intensity bins cannot tell the two apart, their surroundings can
+    yy, xx = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+    heart, far = ((yy - 20) ** 2 + (xx - 20) ** 2).sqrt(), ((yy - 46) ** 2 + (xx - 46) ** 2).sqrt()
+    label = torch.zeros(64, 64, dtype=torch.long)
+    label[heart < 11], label[heart < 7] = 2, 3
+    image = torch.full((64, 64), 0.1)
+    image[heart < 15] = 0.9
+    image[label == 2] = 0.5
+    image[far < math.sqrt(int((label == 2).sum()) / math.pi)] = 0.5
+    image, label = image[..., None].repeat(1, 1, 2), label[..., None].repeat(1, 1, 2)
+    names = {2: "Myo", 3: "LV"}
+    bins = cluster_quality(CQ.intensity_bin_counts([image], [label], 6, 4), names)["classes"]["Myo"]
+    context = cluster_quality(CQ.context_kmeans_counts([image], [label], 6, 4, sigmas=(2.0, 4.0)), names)["classes"]
+    assert bins["pooled_dice"] < 0.7 and bins["precision"] < 0.55  # the ring's bin holds the far disk too
+    assert context["Myo"]["pooled_dice"] > 0.95 and context["LV"]["pooled_dice"] > 0.95
+    with pytest.raises(ValueError, match="sigmas must be positive"):
+        CQ.context_kmeans_counts([image], [label], 6, 4, sigmas=(0.0,))
+    with pytest.raises(ValueError, match="num_clusters must be an int >= 2"):
+        CQ.context_kmeans_counts([image], [label], 1, 4)
+
+
+def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "reference.json"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "cluster_reference.py"
+    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--num_clusters", "8",
+                           "--context_sigmas", "2,4", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result == CQ.intensity_reference(demo_dataset, "validation", 8, context_sigmas=(2.0, 4.0))
+    assert result["clustering"].startswith("k-means, 8 clusters")
+    bad = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--context_sigmas", "two"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--context_sigmas: expected comma-separated pixel widths" in bad.stderr + bad.stdout

@@ -210,18 +210,85 @@ def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor],
             for im, lab in zip(images, labels)]
 
 
-def intensity_reference(dataset_dir, split: str = "validation", num_clusters: int = 40, max_scans: int = 50) -> dict:
-    """:func:`cluster_quality` of :func:`intensity_bin_counts` on the labelled ``split`` scans of a data_prep data set,
-    read as the pre-training's cluster quality reads them (the same scans, the same normalised intensities)."""
+def context_features(image: torch.Tensor, sigmas: tuple[float, ...]) -> torch.Tensor:
+    """Per pixel of an [H, W, D] scan: its intensity and the intensity's in-plane Gaussian smoothings at ``sigmas``
+    (pixels; each slice on its own, MONAI's ``GaussianFilter``), as [H * W * D, 1 + len(sigmas)] features."""
+    from monai.networks.layers import GaussianFilter
+
+    slices = image.float().permute(2, 0, 1)[:, None]  # [D, 1, H, W]
+    maps = [slices] + [GaussianFilter(2, float(s))(slices) for s in sigmas]
+    return torch.cat(maps, 1).permute(2, 3, 0, 1).reshape(-1, len(maps))  # (h, w, d) order, as image.flatten()
+
+
+def kmeans(points: torch.Tensor, num_clusters: int, generator: torch.Generator, iterations: int = 100) -> torch.Tensor:
+    """Lloyd's k-means of ``points`` [N, F] with k-means++ seeding from ``generator``; returns the [K, F] centres
+    (iterations stop early once no point changes its cluster). No dependency has one (MONAI and torch do not)."""
+    points = points.double()
+    centres = points[torch.randint(len(points), (1,), generator=generator)]
+    for _ in range(1, num_clusters):  # k-means++: the next centre drawn in proportion to the squared distance
+        d2 = torch.cdist(points, centres).min(1).values.square()
+        centres = torch.cat([centres, points[torch.multinomial(d2 / d2.sum(), 1, generator=generator)]])
+    assign = None
+    for _ in range(iterations):
+        new = torch.cdist(points, centres).argmin(1)
+        if assign is not None and torch.equal(new, assign):
+            break
+        assign = new
+        sums = torch.zeros_like(centres).index_add_(0, assign, points)
+        sizes = torch.bincount(assign, minlength=num_clusters).double()[:, None]
+        centres = torch.where(sizes > 0, sums / sizes.clamp_min(1), centres)  # an emptied cluster keeps its centre
+    return centres
+
+
+def context_kmeans_counts(images: list[torch.Tensor], labels: list[torch.Tensor], num_clusters: int, num_classes: int,
+                          sigmas: tuple[float, ...] = (2.0, 4.0, 8.0), max_samples: int = 200_000,
+                          seed: int = 0) -> list[torch.Tensor]:
+    """A clustering that knows intensity and its surroundings, but nothing learned: the k-means (``num_clusters``
+    centres, fitted on at most ``max_samples`` pixels of all scans together, evenly strided) of each pixel's
+    :func:`context_features`, each feature standardised over those pixels; every pixel then takes its nearest centre,
+    so one cluster means the same look in every scan. A myocardium that shares its intensity with other muscle, but
+    not its bright surroundings, can be one cluster here and not among intensity bins. Returns one [K, C] count
+    matrix per scan (C = ``num_classes``), as :func:`cluster_quality` takes them."""
+    if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 2:
+        raise ValueError(f"num_clusters must be an int >= 2, got {num_clusters!r}")
+    if not images or len(images) != len(labels):
+        raise ValueError(f"expected as many label maps as images (at least one), got {len(images)} and {len(labels)}")
+    if any(not s > 0 for s in sigmas):
+        raise ValueError(f"sigmas must be positive pixel widths, got {sigmas!r}")
+    features = [context_features(im, tuple(sigmas)) for im in images]
+    pooled = torch.cat(features)
+    sample = pooled[:: max(1, math.ceil(len(pooled) / max_samples))].double()
+    mean, std = sample.mean(0), sample.std(0).clamp_min(1e-12)
+    centres = kmeans((sample - mean) / std, num_clusters, torch.Generator().manual_seed(seed))
+    counts = []
+    for f, lab in zip(features, labels):
+        clusters = torch.cat([torch.cdist((chunk.double() - mean) / std, centres).argmin(1)
+                              for chunk in f.split(1 << 18)])
+        counts.append(contingency(clusters, lab.flatten(), num_clusters, num_classes))
+    return counts
+
+
+def intensity_reference(dataset_dir, split: str = "validation", num_clusters: int = 40, max_scans: int = 50,
+                        context_sigmas: tuple[float, ...] = ()) -> dict:
+    """:func:`cluster_quality` of :func:`intensity_bin_counts` (or, with ``context_sigmas``, of
+    :func:`context_kmeans_counts` at those smoothings) on the labelled ``split`` scans of a data_prep data set, read
+    as the pre-training's cluster quality reads them (the same scans, the same normalised intensities)."""
     items, names = labelled_scans(dataset_dir, split, max_scans)
     if not items or not names:
         raise ValueError(f"{dataset_dir}: no labelled {split!r} scans (or no label names in datalist.json): the "
                          f"reference clustering is scored against labels")
     load = volume_loader(with_label=True)
     scans = [load(it) for it in items]
-    counts = intensity_bin_counts([torch.as_tensor(d["image"]) for d in scans],
-                                  [torch.as_tensor(d["label"]).long() for d in scans], num_clusters, max(names) + 1)
-    return {"split": split, "clustering": f"intensity, {num_clusters} equal-count bins", **cluster_quality(counts, names)}
+    images = [torch.as_tensor(d["image"]) for d in scans]
+    labels = [torch.as_tensor(d["label"]).long() for d in scans]
+    if context_sigmas:
+        counts = context_kmeans_counts(images, labels, num_clusters, max(names) + 1, tuple(context_sigmas))
+        clustering = (f"k-means, {num_clusters} clusters, of intensity and its Gaussian smoothings at "
+                      f"{', '.join(f'{s:g}' for s in context_sigmas)} pixels")
+    else:
+        counts = intensity_bin_counts(images, labels, num_clusters, max(names) + 1)
+        clustering = f"intensity, {num_clusters} equal-count bins"
+    return {"split": split, "clustering": clustering, **cluster_quality(counts, names)}
 
 
 class ClusterQualityHandler:
