@@ -172,6 +172,33 @@ def test_a_run_is_executed_once_and_skipped_when_its_result_exists(tmp_path):
     assert again["done"] == 0 and again["skipped_existing"] == 1
 
 
+def test_a_pre_trainings_row_carries_its_cluster_scores_and_none_becomes_a_structure(tmp_path):
+    """A finished pre-training's row: the scores of its ``cluster_quality.json`` as ``cq_*`` columns (the spill's
+    nearest and farthest bands among them), and the cluster table reads every structure once."""
+    import torch
+
+    from bim.pretrain import cluster_quality as CQ
+    from experiments.runner import result_of
+    from experiments.sections import cluster_quality_table
+
+    pre = build_grid("smoke", "/data", tmp_path, select={"methods": "Contrast (Enc) + Ours (Dec)"})[0]
+    out = run_dir(tmp_path, pre)
+    out.mkdir(parents=True)
+    (out / "model.pt").write_bytes(b"")
+    label = torch.zeros(12, 12, 1, dtype=torch.long)
+    label[4:8, 4:8] = 2
+    clusters = (label > 0).long()
+    clusters[4:8, 3] = 1  # the structure's cluster reaches one column past its border
+    counts, spill = CQ.contingency(clusters, label, 2, 3), CQ.spill_counts(clusters, label, 2, 3)
+    q = {"split": "validation", **CQ.cluster_quality([counts], {2: "Myo"}, [spill])}
+    (out / "cluster_quality.json").write_text(json.dumps(q))
+    row = result_of(pre, out)
+    assert row["cq_Myo"] == q["classes"]["Myo"]["pooled_dice"] and row["cq_Myo_precision"] == pytest.approx(16 / 20)
+    assert (row["cq_Myo_spill_border"], row["cq_Myo_spill_far"]) == pytest.approx((4 / 20, 0.0))
+    table = "\n".join(cluster_quality_table([row]))
+    assert "`pre_full` | 88.9 (88.9) / 88.9 |" in table and "spill" not in table  # one structure column: Myo
+
+
 def test_a_failed_pre_training_skips_the_runs_that_start_from_it(tmp_path):
     from dataclasses import replace
 

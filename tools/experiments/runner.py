@@ -156,6 +156,9 @@ def result_of(run: Run, out: Path) -> dict:
                 for key in ("many_to_one_dice", "precision", "recall"):  # absent from pretrain_bim < 0.2.1
                     if key in v:
                         res[f"cq_{name}_{key.removesuffix('_dice')}"] = v[key]
+                spill = list(v.get("spill", {}).values())  # pretrain_bim >= 0.5.5: nearest band first, farthest last
+                if spill:
+                    res[f"cq_{name}_spill_border"], res[f"cq_{name}_spill_far"] = spill[0], spill[-1]
             for name, v in q.get("center_crop", {}).get("classes", {}).items():  # pretrain_bim >= 0.5.4
                 res[f"cq_{name}_centre"] = v["pooled_dice"]
             for name in q["classes"] if q.get("subheads") else ():  # the mean over the independent sub-heads

@@ -391,7 +391,8 @@ def cluster_quality_table(pretrain_rows: list[dict], finetunes=()) -> list[str]:
     scored = [r for r in pretrain_rows if r.get("cq_nmi") not in (None, "")]
     if not scored:
         return []
-    suffixes = ("_per_scan", "_many_to_one", "_precision", "_recall", "_centre", "_subheads")
+    suffixes = ("_per_scan", "_many_to_one", "_precision", "_recall", "_centre", "_subheads", "_spill_border",
+                "_spill_far")
     names = sorted({k[3:] for r in scored for k in r if k.startswith("cq_") and k != "cq_nmi"
                     and not k.endswith(suffixes)})
     by_init = defaultdict(list)
