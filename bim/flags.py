@@ -32,3 +32,20 @@ def require_choice(key: str, value, choices) -> None:
     """``value`` must be one of ``choices``; otherwise a ``ValueError`` naming ``key``, the choices and the value."""
     if value not in choices:
         raise ValueError(f"{key} must be one of {tuple(choices)}, got {value!r}")
+
+
+def comma_floats(value, option: str, example: str = "0.5,0.75,1", positive: bool = True) -> tuple[float, ...]:
+    """A list of numbers as a command line hands it over: ``"2,4,8"``, a single number (``--powers 1`` arrives as
+    an int), or a list or tuple (``--powers 2,4`` may arrive as one). Anything that is not a number, or (with
+    ``positive``) a number <= 0, is a ``ValueError`` naming ``option`` and showing ``example``."""
+    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else \
+        [value] if isinstance(value, (int, float)) else value
+    problem = ValueError(f"{option}: expected comma-separated{' positive' if positive else ''} numbers such as "
+                         f"{example}, got {value!r}")
+    try:
+        out = tuple(float(v) for v in items)
+    except (TypeError, ValueError):
+        raise problem from None
+    if positive and any(not v > 0 for v in out):
+        raise problem
+    return out

@@ -249,4 +249,72 @@ def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_datas
     assert result["clustering"].startswith("k-means, 8 clusters")
     bad = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--context_sigmas", "two"],
                          capture_output=True, text=True, timeout=600)
-    assert bad.returncode != 0 and "--context_sigmas: expected comma-separated pixel widths" in bad.stderr + bad.stdout
+    assert bad.returncode != 0 and "--context_sigmas: expected comma-separated positive numbers such as 2,4,8" in bad.stderr + bad.stdout
+
+
+def _stripes(background=0.0, myo=1.0, lv=0.5):
+    # one 24 x 24 slice of three vertical stripes: background (columns 0-7), Myo (8-15), LV (16-23), each constant
+    image, label = torch.full((24, 24, 1), background), torch.zeros(24, 24, 1, dtype=torch.long)
+    image[:, 8:16], label[:, 8:16] = myo, 2
+    image[:, 16:], label[:, 16:] = lv, 3
+    return image, label
+
+
+@pytest.mark.parametrize("power", [0.5, 0.75, 1.0])
+def test_a_borders_edge_strength_is_the_edge_maps_value_on_it(power):
+    from bim.pretrain.losses import EPS
+
+    image, label = _stripes()
+    r = CQ.border_edge_strength([image], [label], {2: "Myo", 3: "LV"}, power=power, near_px=2)
+    # backward differences: the steps 0 -> 1 (column 8) and 1 -> 0.5 (column 16) are the only edges, min-max scaled;
+    # the edge map is float32, so the tolerance is a few float32 roundings
+    myo_bg, myo_lv = (1 / (1 + EPS)) ** power, (0.5 / (1 + EPS)) ** power
+    assert set(r["borders"]) == {"Myo|background", "Myo|LV"}  # background and LV do not touch
+    assert r["borders"]["Myo|background"]["mean"] == pytest.approx(myo_bg, rel=1e-6)
+    assert r["borders"]["Myo|LV"]["mean"] == pytest.approx(myo_lv, rel=1e-6)
+    assert r["borders"]["Myo|LV"]["pixel_pairs"] == r["borders"]["Myo|background"]["pixel_pairs"] == 24
+    near = (myo_bg + myo_lv) / 18  # within 2 pixels of a structure: columns 6-23, one edge pixel of each per row
+    assert r["neighbourhood_mean"] == pytest.approx(near, rel=1e-6)
+    assert r["borders"]["Myo|background"]["contrast"] == pytest.approx(myo_bg / near, rel=1e-6)
+    assert r["power"] == power and r["scans"] == 1 and r["near_px"] == 2
+
+
+def test_a_lower_edge_power_lifts_a_weak_border_towards_a_strong_one():
+    image, label = _stripes(lv=0.9)  # Myo|LV a weak step (0.1), Myo|background a strong one (1)
+    ratio = {p: (lambda b: b["Myo|LV"]["mean"] / b["Myo|background"]["mean"])(
+        CQ.border_edge_strength([image], [label], {2: "Myo", 3: "LV"}, power=p)["borders"]) for p in (0.5, 1.0)}
+    assert ratio[1.0] == pytest.approx(0.1, rel=1e-6) and ratio[0.5] == pytest.approx(0.1 ** 0.5, rel=1e-6)
+
+
+def test_the_border_edge_strength_refuses_bad_input():
+    image, label = _stripes()
+    with pytest.raises(ValueError, match="as many label maps as images"):
+        CQ.border_edge_strength([image], [], {2: "Myo"})
+    with pytest.raises(ValueError, match="near_px must be a positive int"):
+        CQ.border_edge_strength([image], [label], {2: "Myo"}, near_px=0)
+    with pytest.raises(ValueError, match="power"):
+        CQ.border_edge_strength([image], [label], {2: "Myo"}, power=0)
+
+
+def test_the_border_edges_tool_prints_and_writes_the_functions_numbers(demo_dataset, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "borders.json"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "border_edges.py"
+    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--powers", "0.5,1",
+                           "--max_scans", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    images, labels, names = CQ.labelled_volumes(demo_dataset, "training", 2, "test")
+    expected = [json.loads(json.dumps(CQ.border_edge_strength(images, labels, names, p))) for p in (0.5, 1.0)]
+    assert result == {"split": "training", "results": expected}
+    assert "Myo|LV" in result["results"][0]["borders"] and proc.stdout.count("power ") == 2
+    for bad in ("two", "0", ","):
+        run = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--powers", bad],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode != 0 and "--powers: expected" in run.stderr + run.stdout, bad
+    with pytest.raises(ValueError, match="no labelled 'unlabelled' scans|has no key 'unlabelled'"):
+        CQ.labelled_volumes(demo_dataset, "unlabelled", 2, "test")

@@ -20,20 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bim.flags import comma_floats  # noqa: E402
 from bim.inference import atomic_write_text  # noqa: E402
 from bim.pretrain.cluster_quality import intensity_reference  # noqa: E402
 
 
 def main(dataset_dir: str, split: str = "validation", num_clusters: int = 40, context_sigmas=(),
          out: str | None = None) -> None:
-    if isinstance(context_sigmas, str):
-        context_sigmas = [s for s in context_sigmas.split(",") if s.strip()]
-    elif isinstance(context_sigmas, (int, float)):
-        context_sigmas = [context_sigmas]
     try:
-        sigmas = tuple(float(s) for s in context_sigmas)
-    except (TypeError, ValueError):
-        raise SystemExit(f"--context_sigmas: expected comma-separated pixel widths such as 2,4,8, got {context_sigmas!r}")
+        sigmas = comma_floats(context_sigmas, "--context_sigmas", "2,4,8 (pixel widths)")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     result = intensity_reference(dataset_dir, split, int(num_clusters), context_sigmas=sigmas)
     for name, c in result["classes"].items():
         print(f"{name}: best-cluster Dice {100 * c['pooled_dice']:.1f} (per scan {100 * c['per_scan_dice']:.1f}, "

@@ -192,6 +192,18 @@ def labelled_scans(dataset_dir, split: str, max_scans: int) -> tuple[list[dict],
     return items, {int(k): v for k, v in datalist.get("labels", {}).items() if int(k) > 0}
 
 
+def labelled_volumes(dataset_dir, split: str, max_scans: int, why: str):
+    """The images and label maps ([H, W, D] tensors) of the first ``max_scans`` labelled ``split`` scans of a
+    data_prep data set, read as the pre-training's cluster quality reads them, and its foreground label names; a
+    data set without them is refused, the message ending with ``why`` they are needed."""
+    items, names = labelled_scans(dataset_dir, split, max_scans)
+    if not items or not names:
+        raise ValueError(f"{dataset_dir}: no labelled {split!r} scans (or no label names in datalist.json): {why}")
+    load = volume_loader(with_label=True)
+    scans = [load(it) for it in items]
+    return [torch.as_tensor(d["image"]) for d in scans], [torch.as_tensor(d["label"]).long() for d in scans], names
+
+
 def intensity_bin_counts(images: list[torch.Tensor], labels: list[torch.Tensor], num_clusters: int, num_classes: int,
                          max_samples: int = 4_000_000) -> list[torch.Tensor]:
     """A clustering that knows nothing but intensity, as the floor a learned clustering must clear: each pixel's
@@ -273,14 +285,8 @@ def intensity_reference(dataset_dir, split: str = "validation", num_clusters: in
     """:func:`cluster_quality` of :func:`intensity_bin_counts` (or, with ``context_sigmas``, of
     :func:`context_kmeans_counts` at those smoothings) on the labelled ``split`` scans of a data_prep data set, read
     as the pre-training's cluster quality reads them (the same scans, the same normalised intensities)."""
-    items, names = labelled_scans(dataset_dir, split, max_scans)
-    if not items or not names:
-        raise ValueError(f"{dataset_dir}: no labelled {split!r} scans (or no label names in datalist.json): the "
-                         f"reference clustering is scored against labels")
-    load = volume_loader(with_label=True)
-    scans = [load(it) for it in items]
-    images = [torch.as_tensor(d["image"]) for d in scans]
-    labels = [torch.as_tensor(d["label"]).long() for d in scans]
+    images, labels, names = labelled_volumes(dataset_dir, split, max_scans,
+                                             "the reference clustering is scored against labels")
     if context_sigmas:
         counts = context_kmeans_counts(images, labels, num_clusters, max(names) + 1, tuple(context_sigmas))
         clustering = (f"k-means, {num_clusters} clusters, of intensity and its Gaussian smoothings at "
@@ -289,6 +295,51 @@ def intensity_reference(dataset_dir, split: str = "validation", num_clusters: in
         counts = intensity_bin_counts(images, labels, num_clusters, max(names) + 1)
         clustering = f"intensity, {num_clusters} equal-count bins"
     return {"split": split, "clustering": clustering, **cluster_quality(counts, names)}
+
+
+def border_edge_strength(images: list[torch.Tensor], labels: list[torch.Tensor], class_names: dict[int, str],
+                         power: float = 0.75, near_px: int = 30) -> dict:
+    """How visible each border between two labelled classes is in L_CC's edge map (the authors' min-max normalised
+    |grad I|^power of each slice, :func:`bim.pretrain.losses.gradient_power_edge_map`): per pair of classes that
+    touch (``"Myo|LV"``, background included as ``"background"``), the mean edge value on their border (over the
+    4-neighbour pixel pairs of the two classes, the larger of the pair's two values) and its ``contrast``, that mean
+    over the mean edge value of all pixels within ``near_px`` pixels of a labelled structure. A border that L_CC can
+    align a cluster boundary with stands out of its surroundings (contrast well above 1). ``images`` and ``labels``
+    are [H, W, D] scans; the edge map is taken over each whole slice (pre-training takes it over its crop)."""
+    from .losses import gradient_power_edge_map
+
+    if not images or len(images) != len(labels):
+        raise ValueError(f"expected as many label maps as images (at least one), got {len(images)} and {len(labels)}")
+    if isinstance(near_px, bool) or not isinstance(near_px, int) or near_px < 1:
+        raise ValueError(f"near_px must be a positive int of pixels, got {near_px!r}")
+    names = {0: "background", **class_names}
+    num_classes = max(names) + 1
+    sums = torch.zeros(num_classes * num_classes, dtype=torch.float64)
+    pairs = torch.zeros_like(sums)
+    near_sum = near_count = 0.0
+    for image, label in zip(images, labels):
+        edge = gradient_power_edge_map(image.float().permute(2, 0, 1)[:, None], power)[:, 0].double()  # [D, H, W]
+        lab = label.long().permute(2, 0, 1)
+        for dim in (1, 2):  # vertical, then horizontal neighbours
+            a, b = lab.narrow(dim, 0, lab.shape[dim] - 1), lab.narrow(dim, 1, lab.shape[dim] - 1)
+            value = torch.maximum(edge.narrow(dim, 0, edge.shape[dim] - 1), edge.narrow(dim, 1, edge.shape[dim] - 1))
+            border = a != b
+            key = torch.minimum(a, b)[border] * num_classes + torch.maximum(a, b)[border]
+            sums += torch.bincount(key, weights=value[border], minlength=sums.numel())
+            pairs += torch.bincount(key, minlength=sums.numel()).double()
+        near = torch.nn.functional.max_pool2d((lab > 0).float()[:, None], 2 * near_px + 1, 1, near_px)[:, 0] > 0
+        near_sum, near_count = near_sum + float(edge[near].sum()), near_count + int(near.sum())
+    neighbourhood = near_sum / near_count if near_count else math.nan
+    borders = {}
+    for key in torch.nonzero(pairs).flatten().tolist():
+        lo, hi = divmod(key, num_classes)
+        if lo in names and hi in names:
+            mean = float(sums[key] / pairs[key])
+            borders[f"{names[hi]}|{names[lo]}" if lo == 0 else f"{names[lo]}|{names[hi]}"] = {
+                "mean": mean, "contrast": mean / neighbourhood if neighbourhood > 0 else math.nan,
+                "pixel_pairs": int(pairs[key])}
+    return {"edge": "gradient_power", "power": float(power), "near_px": near_px, "scans": len(images),
+            "neighbourhood_mean": neighbourhood, "borders": borders}
 
 
 class ClusterQualityHandler:
