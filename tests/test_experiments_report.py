@@ -168,3 +168,31 @@ def test_an_ablation_grid_reports_its_ablation_table_and_no_empty_method_tables(
     assert "| lambda_CC | 0 | 4 |" in text and "| LV, 1 scan, ours | **85.00** (5.00, n=2) | 65.00 (5.00, n=2) |" in text
     assert "| LV, 1 scan, paper | 83.63 | 78.36 |" in text
     assert "## Paper protocol" not in text and "## Each method" not in text and "## Hardest" not in text
+
+
+def test_an_ablation_run_whose_pre_training_a_tagged_grid_changed_is_not_the_papers_ablation_cell():
+    """A tagged grid's ``pretrain_overrides`` (``{"edge_power": 0.5}``) make another pre-training: its runs form a cell
+    of their own beside the untagged runs of the same value, without the paper's row, and lend the default point
+    only to cells changed the same way."""
+    from experiments.sections import ablation_rows, ablation_tables
+
+    def row(key, value, seed, test, changed=""):
+        return {"ablation": key, "ablation_value": value, "task": "lv", "labelled_scans": 1, "test_dice": test,
+                "init": f"pre_{key}{value}_{changed}_{seed}", "variant": "ours_mi_cc", "pretrain_overrides": changed}
+
+    edge = '{"edge_power": 0.5}'
+    rows = [row("alpha", 0.5, 0, 0.70), row("alpha", 0.5, 1, 0.80), row("alpha", 0.5, 0, 0.90, edge),
+            row("num_clusters", 60, 0, 0.60), row("num_clusters", 60, 0, 0.50, edge)]
+    abl = ablation_rows(rows)
+    plain, changed = abl[("alpha", "lv", 1)], abl[(f"alpha with {edge}", "lv", 1)]
+    assert [(p[0], round(p[1], 6), p[3]) for p in plain] == [(0.5, 75.0, 2)]
+    assert [(p[0], round(p[1], 6), p[3]) for p in changed] == [(0.5, 90.0, 1)]
+    # K = 40 (the default point) of each K cell comes from the alpha = 0.5 runs changed as that cell is
+    assert [(p[0], round(p[1], 6), p[4]) for p in abl[("num_clusters", "lv", 1)]] == [(40, 75.0, ("alpha", 0.5)),
+                                                                                     (60, 60.0, ())]
+    assert [(p[0], round(p[1], 6), p[4]) for p in abl[(f"num_clusters with {edge}", "lv", 1)]] == [
+        (40, 90.0, (f"alpha with {edge}", 0.5)), (60, 50.0, ())]
+    text = "\n".join(ablation_tables(abl))
+    assert f'| alpha with {edge} | 0.5 |\n|---|---|\n| LV, 1 scan, ours | **90.00** (0.00, n=1) |\n\n' in text
+    assert "| LV, 1 scan, paper | 84.04 |" in text  # the untagged alpha cell keeps the paper's row
+    assert text.count("LV, 1 scan, paper") == 2  # alpha and K, not the changed cells

@@ -9,7 +9,7 @@ from bim.files import atomic_file
 
 from .sections import _ablation_of, _pretrain_label, paper_ablation, sorted_pretrains
 from .tables import table
-from .vocabulary import ABLATION_LABELS, TASK_COLUMNS, TASK_NAMES
+from .vocabulary import TASK_COLUMNS, TASK_NAMES, ablation_label
 
 
 def _save(fig, path: Path) -> Path:
@@ -154,7 +154,7 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
             paper = [(x, y) for x, y in paper if y is not None]
             if paper:
                 ax.plot(*zip(*paper), linestyle="--", marker="x", color=colour, label=f"{where}, paper")
-        ax.set_xlabel(ABLATION_LABELS.get(key, key))
+        ax.set_xlabel(ablation_label(key))
         ax.set_ylabel("test 3D Dice x 100")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

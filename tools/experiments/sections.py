@@ -13,8 +13,9 @@ from pathlib import Path
 from .collection import trains_cluster_head
 from .grid import ablation_defaults
 from .tables import _lrs_run, _mean_std, select
-from .vocabulary import (ABLATION_LABELS, ABLATIONS, METHOD_ORDER, METHODS, PAPER_ABLATIONS, TASK_COLUMNS, TASK_NAMES,
-                         TASK_ORDER, ExperimentError, fmt_lr, without_pretrain_seed)
+from .vocabulary import (ABLATION_LABELS, ABLATIONS, CHANGED_ABLATION, METHOD_ORDER, METHODS, PAPER_ABLATIONS,
+                         TASK_COLUMNS, TASK_NAMES, TASK_ORDER, ExperimentError, ablation_label, fmt_lr,
+                         without_pretrain_seed)
 
 
 def hardest_scans(rows: list[dict], per_scan: dict[str, list[tuple[str, float]]], worst: int = 5) -> list[str]:
@@ -530,24 +531,28 @@ def ablation_rows(rows: list[dict]) -> dict:
     (``experiments.ablation_defaults`` of the variant) and the grid runs it once, under the first key: a run of key
     k at k's default v also stands for the default of every other key k2, in a cell (k2, task, labelled scans) that
     has runs of its own but none at k2's default; ``shared_from`` is then (k, v) (the first such key of
-    ``ABLATIONS``' order), else (). ``by_pretraining``: the mean x 100 of each pre-training's runs (its ``init``),
+    ``ABLATIONS``' order), else (). Runs of a tagged grid that changed the pre-training (``pretrain_overrides``) are
+    cells of their own, keyed ``k`` + ``CHANGED_ABLATION`` + the changes, and share their default point only among
+    themselves. ``by_pretraining``: the mean x 100 of each pre-training's runs (its ``init``),
     in the order first met, so that a value pre-trained twice shows how far two pre-trainings differ."""
 
     order, defaults_of = list(ABLATIONS), {}
     values, shared = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
-            key, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
-            pretraining_dice = (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
+            base, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
+            changed = r.get("pretrain_overrides") or ""  # a tagged grid's other pre-training: a cell of its own
+            suffix = CHANGED_ABLATION + changed if changed else ""
+            key, pretraining_dice = base + suffix, (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
             values[(key, task, n, value)].append(pretraining_dice)
             variant = _ablated_variant(r)
             if variant not in defaults_of:
                 defaults_of[variant] = ablation_defaults(variant)
             defaults = defaults_of[variant]
-            if defaults.get(key) == value:
+            if defaults.get(base) == value:
                 for k2, v2 in defaults.items():
-                    if k2 != key:
-                        shared[(k2, task, n, v2)][(key, value)].append(pretraining_dice)
+                    if k2 != base:
+                        shared[(k2 + suffix, task, n, v2)][(key, value)].append(pretraining_dice)
     cells = {(key, task, n) for key, task, n, _ in values}
     points = {k: (v, ()) for k, v in values.items()}
     for (k2, task, n, v2), by_key in shared.items():
@@ -578,7 +583,7 @@ def ablation_tables(abl: dict) -> list[str]:
         ours = [(f"**{p[1]:.2f}**" if p[1] == best else f"{p[1]:.2f}") + f" ({p[2]:.2f}, n={p[3]})" for p in pts]
         paper = [paper_ablation(key, task, n, p[0]) for p in pts]
         where = f"{TASK_NAMES.get(task, task)}, {n} scan{'s' if n > 1 else ''}"
-        md += [f"| {ABLATION_LABELS.get(key, key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
+        md += [f"| {ablation_label(key)} | " + " | ".join(f"{p[0]:g}" for p in pts) + " |",
                "|" + "---|" * (len(pts) + 1),
                f"| {where}, ours | " + " | ".join(ours) + " |"]
         if any(v is not None for v in paper):
@@ -590,8 +595,8 @@ def ablation_tables(abl: dict) -> list[str]:
         for p in pts:
             if p[4]:
                 src, src_value = p[4]
-                md += [f"{ABLATION_LABELS.get(key, key)} = {p[0]:g} is the default point: the runs of "
-                       f"{ABLATION_LABELS.get(src, src)} = {src_value:g}, shared by the three ablations.", ""]
+                md += [f"{ablation_label(key)} = {p[0]:g} is the default point: the runs of "
+                       f"{ablation_label(src)} = {src_value:g}, shared by the three ablations.", ""]
     return md
 
 

@@ -92,6 +92,15 @@ EARLIER_DEFAULTS = "bundles/pretrain_bim/configs/earlier_defaults.json"
 ABLATIONS = {"alpha": (0.0, 0.25, 0.5, 0.75, 1.0), "lambda_cc": (0.0, 0.1, 1.0, 4.0),
              "num_clusters": (5, 10, 20, 40, 60)}
 ABLATION_LABELS = {"alpha": "alpha", "lambda_cc": "lambda_CC", "num_clusters": "K"}
+# an ablation whose pre-trainings a tagged grid changed (``--pretrain_overrides``) is reported under its key, this
+# separator and the changes (``alpha with {"edge_power": 0.5}``): another experiment, not the paper's ablation
+CHANGED_ABLATION = " with "
+
+
+def ablation_label(key: str) -> str:
+    """The table and figure label of an ablation key (``K``; ``alpha with {"edge_power": 0.5}`` for changed ones)."""
+    base, sep, changes = key.partition(CHANGED_ABLATION)
+    return ABLATION_LABELS.get(base, base) + sep + changes
 # The paper's ablation tables (ACDC, Ours (Dec) MI+CC; alpha 0.5, lambda_CC 1, K 40 where not varied):
 # key -> value -> (LV, RV, Myo) at 1 / 2 / 4 labelled scans
 _PAPER_ABLATION_ROWS = {
