@@ -1,7 +1,11 @@
 """Scoring pre-trained clusters against labels: the pooled best-cluster Dice rewards clusters that mean the same
 structure in every scan, the per-scan Dice does not; NMI is 1 for a relabelling of the labels and 0 for one cluster."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,16 +159,15 @@ def test_a_structure_that_shares_its_intensity_with_other_tissue_is_not_one_inte
     assert q["classes"]["LV"]["pooled_dice"] == q["classes"]["RV"]["pooled_dice"] == pytest.approx(1.0, abs=1e-12)
 
 
-def test_the_intensity_reference_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+def _run_tool(script: str, *args) -> subprocess.CompletedProcess:
+    """``python tools/<script> args...``, its output captured as text."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / script
+    return subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True, text=True, timeout=600)
 
+
+def test_the_intensity_reference_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
     out = tmp_path / "reference.json"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "cluster_reference.py"
-    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--num_clusters", "8",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8, "--out", out)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result == CQ.intensity_reference(demo_dataset, "validation", 8)
@@ -234,21 +237,14 @@ def test_a_context_clustering_separates_a_myocardium_from_other_muscle_of_its_in
 
 
 def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     out = tmp_path / "reference.json"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "cluster_reference.py"
-    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--num_clusters", "8",
-                           "--context_sigmas", "2,4", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8,
+                     "--context_sigmas", "2,4", "--out", out)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result == CQ.intensity_reference(demo_dataset, "validation", 8, context_sigmas=(2.0, 4.0))
     assert result["clustering"].startswith("k-means, 8 clusters")
-    bad = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--context_sigmas", "two"],
-                         capture_output=True, text=True, timeout=600)
+    bad = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--context_sigmas", "two")
     assert bad.returncode != 0 and "--context_sigmas: expected comma-separated positive numbers such as 2,4,8" in bad.stderr + bad.stdout
 
 
@@ -297,15 +293,9 @@ def test_the_border_edge_strength_refuses_bad_input():
 
 
 def test_the_border_edges_tool_prints_and_writes_the_functions_numbers(demo_dataset, tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     out = tmp_path / "borders.json"
-    tool = Path(__file__).resolve().parents[1] / "tools" / "border_edges.py"
-    proc = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--powers", "0.5,1",
-                           "--max_scans", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = _run_tool("border_edges.py", "--dataset_dir", demo_dataset, "--powers", "0.5,1", "--max_scans", 2,
+                     "--out", out)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     images, labels, names = CQ.labelled_volumes(demo_dataset, "training", 2, "test")
@@ -313,8 +303,7 @@ def test_the_border_edges_tool_prints_and_writes_the_functions_numbers(demo_data
     assert result == {"split": "training", "results": expected}
     assert "Myo|LV" in result["results"][0]["borders"] and proc.stdout.count("power ") == 2
     for bad in ("two", "0", ","):
-        run = subprocess.run([sys.executable, str(tool), "--dataset_dir", str(demo_dataset), "--powers", bad],
-                             capture_output=True, text=True, timeout=600)
+        run = _run_tool("border_edges.py", "--dataset_dir", demo_dataset, "--powers", bad)
         assert run.returncode != 0 and "--powers: expected" in run.stderr + run.stdout, bad
     with pytest.raises(ValueError, match="no labelled 'unlabelled' scans|has no key 'unlabelled'"):
         CQ.labelled_volumes(demo_dataset, "unlabelled", 2, "test")

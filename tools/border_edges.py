@@ -5,10 +5,10 @@
 
 L_CC correlates the clusters' boundaries with the edge map min-max(|grad I|)^power (pretrain_bim's ``edge_power``:
 the authors' 0.75 on ACDC, 0.5 on prostate MR). For the labelled ``split`` scans of a data_prep data set, this prints
-for each power the mean edge value on every border between two touching classes and its contrast, that mean over
-the mean edge value within ``near_px`` pixels of the labelled structures (:func:`bim.pretrain.cluster_quality.
-border_edge_strength`). A lower power evens out strong and weak borders; a higher one lifts the borders out of
-their surroundings. ``--out`` writes the numbers as JSON (atomically).
+for each power the mean edge value on every border between two touching classes, its contrast (that mean over the
+mean edge value within ``near_px`` pixels of the labelled structures) and how many pixel pairs it rests on
+(:func:`bim.pretrain.cluster_quality.border_edge_strength`). A lower power evens out strong and weak borders; a
+higher one lifts the borders out of their surroundings. ``--out`` writes the numbers as JSON (atomically).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def main(dataset_dir: str, split: str = "training", powers="0.5,0.75,1", near_px
     images, labels, names = labelled_volumes(dataset_dir, split, int(max_scans), "the borders are the labels' borders")
     results = [border_edge_strength(images, labels, names, p, int(near_px)) for p in power_list]
     for r in results:
-        borders = ", ".join(f"{k} {v['mean']:.3f} (x{v['contrast']:.2f})" for k, v in sorted(r["borders"].items()))
+        borders = ", ".join(f"{k} {v['mean']:.3f} (x{v['contrast']:.2f}, {v['pixel_pairs']} pixel pairs)"
+                            for k, v in sorted(r["borders"].items()))
         print(f"power {r['power']:g}: within {r['near_px']} px of the structures {r['neighbourhood_mean']:.3f}; "
               f"borders {borders} ({r['scans']} {split} scans)")
     if out:

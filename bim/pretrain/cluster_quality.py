@@ -327,7 +327,9 @@ def border_edge_strength(images: list[torch.Tensor], labels: list[torch.Tensor],
             key = torch.minimum(a, b)[border] * num_classes + torch.maximum(a, b)[border]
             sums += torch.bincount(key, weights=value[border], minlength=sums.numel())
             pairs += torch.bincount(key, minlength=sums.numel()).double()
-        near = torch.nn.functional.max_pool2d((lab > 0).float()[:, None], 2 * near_px + 1, 1, near_px)[:, 0] > 0
+        near = (lab > 0).float()[:, None]  # dilated by a (2 near_px + 1)-pixel square: a column pass, then a row pass
+        near = torch.nn.functional.max_pool2d(near, (2 * near_px + 1, 1), 1, (near_px, 0))
+        near = torch.nn.functional.max_pool2d(near, (1, 2 * near_px + 1), 1, (0, near_px))[:, 0] > 0
         near_sum, near_count = near_sum + float(edge[near].sum()), near_count + int(near.sum())
     neighbourhood = near_sum / near_count if near_count else math.nan
     borders = {}
