@@ -1,5 +1,5 @@
-"""Settings as a command line hands them over (booleans, choices), checked without importing torch (the
-experiment runner uses them too). ``bim.engine`` re-exports the boolean checks, which the bundles' configs name."""
+"""Settings as a command line hands them over (booleans, choices, lists of numbers), checked without importing torch
+(the experiment runner uses them too). ``bim.engine`` re-exports the boolean checks, which the bundles' configs name."""
 
 from __future__ import annotations
 

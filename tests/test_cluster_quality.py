@@ -245,7 +245,8 @@ def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_datas
     assert result == CQ.intensity_reference(demo_dataset, "validation", 8, context_sigmas=(2.0, 4.0))
     assert result["clustering"].startswith("k-means, 8 clusters")
     bad = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--context_sigmas", "two")
-    assert bad.returncode != 0 and "--context_sigmas: expected comma-separated positive numbers such as 2,4,8" in bad.stderr + bad.stdout
+    expected = "--context_sigmas: expected comma-separated positive numbers such as 2,4,8"
+    assert bad.returncode != 0 and expected in bad.stderr + bad.stdout
 
 
 def _stripes(background=0.0, myo=1.0, lv=0.5):
