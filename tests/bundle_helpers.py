@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -31,6 +33,30 @@ def workflow(bundle: str, config_files, workflow_type: str = "train", **override
     wf = ConfigWorkflow(config_file=files if len(files) > 1 else files[0], workflow_type=workflow_type, **overrides)
     wf.initialize()
     return wf
+
+
+def run_workflow(bundle: str, config_files, workflow_type: str = "train", **overrides):
+    """What ``monai.bundle run`` does with a bundle's configs (initialise, run, finalise), in this process: for runs
+    whose point is the configs' work, not the command line, saving the start of a fresh interpreter."""
+    wf = workflow(bundle, config_files, workflow_type=workflow_type, **overrides)
+    wf.run()
+    wf.finalize()
+    return wf
+
+
+@contextlib.contextmanager
+def messages_of(logger_name: str):
+    """The messages that the logger ``logger_name`` (and its children) handles meanwhile, as a list: what a run in this
+    process logs, which pytest's ``caplog`` misses once a bundle's logging.conf has replaced the root's handlers."""
+    said: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
 
 
 def bundle_run_command(bundle: str, config_files, **overrides) -> list[str]:

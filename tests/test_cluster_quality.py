@@ -165,6 +165,29 @@ def _run_tool(script: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
+def _tool_in_process(script: str, *args) -> None:
+    """``python tools/<script> args...``, its arguments parsed by fire as its ``__main__`` does, in this process (one
+    start of python less; each tool's command line runs in one test as a process of its own)."""
+    import importlib.util
+
+    import fire
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / script
+    spec = importlib.util.spec_from_file_location(f"_tool_{tool.stem}", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fire.Fire(module.main, command=[str(a) for a in args], name=script)
+
+
+def _tool_refusal(script: str, *args) -> str:
+    """The message that ``python tools/<script> args...`` exits with (``_tool_in_process``): a refusal of bad
+    arguments, which stops before any work."""
+    with pytest.raises(SystemExit) as stop:
+        _tool_in_process(script, *args)
+    assert stop.value.code not in (0, None), f"{script} {args}: exited with status {stop.value.code!r}"
+    return str(stop.value.code)
+
+
 def test_the_intensity_reference_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
     out = tmp_path / "reference.json"
     proc = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8, "--out", out)
@@ -237,16 +260,14 @@ def test_a_context_clustering_separates_a_myocardium_from_other_muscle_of_its_in
 
 
 def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
-    out = tmp_path / "reference.json"
-    proc = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8,
+    out = tmp_path / "reference.json"  # (the tool's command line: the intensity reference test above)
+    _tool_in_process("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8,
                      "--context_sigmas", "2,4", "--out", out)
-    assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result == CQ.intensity_reference(demo_dataset, "validation", 8, context_sigmas=(2.0, 4.0))
     assert result["clustering"].startswith("k-means, 8 clusters")
-    bad = _run_tool("cluster_reference.py", "--dataset_dir", demo_dataset, "--context_sigmas", "two")
-    expected = "--context_sigmas: expected comma-separated positive numbers such as 2,4,8"
-    assert bad.returncode != 0 and expected in bad.stderr + bad.stdout
+    bad = _tool_refusal("cluster_reference.py", "--dataset_dir", demo_dataset, "--context_sigmas", "two")
+    assert "--context_sigmas: expected comma-separated positive numbers such as 2,4,8" in bad
 
 
 def _stripes(background=0.0, myo=1.0, lv=0.5):
@@ -304,7 +325,7 @@ def test_the_border_edges_tool_prints_and_writes_the_functions_numbers(demo_data
     assert result == {"split": "training", "results": expected}
     assert "Myo|LV" in result["results"][0]["borders"] and proc.stdout.count("power ") == 2
     for bad in ("two", "0", ","):
-        run = _run_tool("border_edges.py", "--dataset_dir", demo_dataset, "--powers", bad)
-        assert run.returncode != 0 and "--powers: expected" in run.stderr + run.stdout, bad
+        refusal = _tool_refusal("border_edges.py", "--dataset_dir", demo_dataset, "--powers", bad)
+        assert "--powers: expected" in refusal, bad
     with pytest.raises(ValueError, match="no labelled 'unlabelled' scans|has no key 'unlabelled'"):
         CQ.labelled_volumes(demo_dataset, "unlabelled", 2, "test")

@@ -139,13 +139,17 @@ def test_export_refuses_bad_input_and_keeps_an_earlier_export(tmp_path):
     assert first.is_dir() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def _monais_checks(alone: Path, env: dict, demo_dataset: Path, scan: Path, evaluate: bool = True, **network) -> None:
+def _monais_checks(alone: Path, env: dict, demo_dataset: Path, scan: Path, evaluate: bool = True,
+                   infer: dict | None = None, **network) -> None:
     """MONAI's ``verify_net_in_out`` and ``ckpt_export`` (as the model zoo's CI calls them, ``network`` overriding the
     network's keys) and ``check_properties`` of the train / evaluate (``evaluate``) / inference entry points, in the
-    bundle's folder; the exported TorchScript file loads."""
+    bundle's folder; the exported TorchScript file loads. First, in the same interpreter, ``infer``: the overrides of
+    an inference.json run through ``monai.bundle.run``, the function that ``python -m monai.bundle run`` calls."""
     _python(f"""
-        from monai.bundle import ConfigWorkflow, ckpt_export, verify_net_in_out
-        root, network, evaluate = {str(alone)!r}, {network!r}, {evaluate!r}
+        from monai.bundle import ConfigWorkflow, ckpt_export, run, verify_net_in_out
+        root, network, evaluate, infer = {str(alone)!r}, {network!r}, {evaluate!r}, {infer!r}
+        if infer is not None:
+            run(config_file="configs/inference.json", **infer)
         verify_net_in_out(net_id="network_def", meta_file=root + "/configs/metadata.json",
                           config_file=root + "/configs/inference.json", bundle_root=root, **network)
         ckpt_export(net_id="network_def", filepath=root + "/models/model.ts", ckpt_file=root + "/models/model.pt",
@@ -177,12 +181,13 @@ def test_a_segmentation_bundle_copied_alone_trains_infers_and_passes_monais_chec
                 progress_bar=False, compile=False)
     assert (alone / "models" / "model.pt").is_file()
     raw = demo_dataset / "raw" / "training" / "patient002" / "patient002_frame01.nii.gz"
-    _bundle_run(alone, env, "configs/inference.json", dataset_dir=raw, output_dir=tmp_path / "pred")
+    # inference.json in the interpreter of MONAI's checks (one start of python less; the command line: train.json's)
+    _monais_checks(alone, env, demo_dataset, raw,
+                   infer={"dataset_dir": str(raw), "output_dir": str(tmp_path / "pred")})
     import nibabel as nib
 
     mask, image = nib.load(tmp_path / "pred" / "patient002_frame01_seg.nii.gz"), nib.load(raw)
     assert mask.shape == image.shape
-    _monais_checks(alone, env, demo_dataset, raw)
 
 
 def test_the_pretraining_bundle_copied_alone_trains_maps_clusters_and_passes_monais_checks(tmp_path, demo_dataset):
@@ -194,11 +199,11 @@ def test_the_pretraining_bundle_copied_alone_trains_maps_clusters_and_passes_mon
                 features="[8,8,16,16,32,8]", num_subheads=1)
     assert (alone / "models" / "model.pt").is_file() and (alone / "models" / "cluster_quality.json").is_file()
     raw = demo_dataset / "raw" / "training" / "patient002" / "patient002_frame01.nii.gz"
-    _bundle_run(alone, env, "configs/inference.json", dataset_dir=raw, output_dir=tmp_path / "clusters",
-                features="[8,8,16,16,32,8]", num_subheads=1)
+    # its evaluate.json scores the clusters of a checkpoint: not a MONAI inference workflow (no evaluator); its
+    # inference.json runs in the interpreter of MONAI's checks (one start of python less; the command line: train.json's)
+    _monais_checks(alone, env, demo_dataset, raw, evaluate=False, **network,
+                   infer={"dataset_dir": str(raw), "output_dir": str(tmp_path / "clusters"), **network})
     import nibabel as nib
 
     clusters, image = nib.load(tmp_path / "clusters" / "patient002_frame01_clusters.nii.gz"), nib.load(raw)
     assert clusters.shape == image.shape and (tmp_path / "clusters" / "patient002_frame01_clusters.png").is_file()
-    # its evaluate.json scores the clusters of a checkpoint: not a MONAI inference workflow (no evaluator)
-    _monais_checks(alone, env, demo_dataset, raw, evaluate=False, **network)

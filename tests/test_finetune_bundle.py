@@ -20,6 +20,7 @@ import torch
 from tolerance import assert_close_to_scale, conv_reduction_length
 
 from bim.onnx_cpu import onnxruntime_available
+from bundle_helpers import messages_of
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "bundles" / "finetune_seg"
@@ -47,6 +48,18 @@ def run_config(configs, **overrides) -> subprocess.CompletedProcess:
     return monai_bundle(*args)
 
 
+def run_in_process(configs, **overrides):
+    """A run of ``run_config``'s configs as ``monai.bundle run`` runs them, in this process (``SMALL``, the command
+    line's widths, as the list it parses to): for runs whose point is the configs' work, not the command line."""
+    from bundle_helpers import run_workflow
+
+    values = {k: list(SMALL_TUPLE) if v == SMALL else str(v) if isinstance(v, Path) else v for k, v in overrides.items()}
+    try:
+        return run_workflow("finetune_seg", configs, **values)
+    finally:
+        purge_scripts()
+
+
 def purge_scripts() -> None:
     for name in [m for m in sys.modules if m == "scripts" or m.startswith("scripts.")]:
         del sys.modules[name]
@@ -58,13 +71,14 @@ FAST = dict(features=SMALL, crop_size=96, batch_size=8, progress_bar=False, log_
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrain")
-    monai_bundle(
-        "run", "--config_file", "bundles/pretrain_bim/configs/train.json", "--output_dir", str(out), "--epochs", "1",
-        "--iters_per_epoch", "4", "--crop_size", "64", "--scans_per_batch", "2", "--features", SMALL,
-        "--progress_bar", "False", "--panel_every", "1000",
-        # MONAI's U-Net: usable after the few CPU iterations of these tests (the authors' style needs longer)
-        "--unet_style", "monai",
-    )
+    # in this process, as `monai.bundle run` runs it (pretrain_bim's command line: tests/test_pretrain_bundle.py)
+    from bundle_helpers import purge_scripts_modules, run_workflow
+
+    run_workflow("pretrain_bim", "train.json", output_dir=str(out), epochs=1, iters_per_epoch=4, crop_size=64,
+                 scans_per_batch=2, features=list(SMALL_TUPLE), progress_bar=False, panel_every=1000,
+                 # MONAI's U-Net: usable after the few CPU iterations of these tests (the authors' style needs longer)
+                 unet_style="monai")
+    purge_scripts_modules()
     assert (out / "model.pt").is_file()
     return out / "model.pt"
 
@@ -89,7 +103,9 @@ def test_pretrained_weights_loaded_except_final_conv(finetuned):
 
 
 def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
-    run_config(["train.json", "evaluate.json"], output_dir=finetuned["dir"], features=SMALL, task="lv", labelled_scans=1)
+    # in this process, as `monai.bundle run` runs it (evaluate.json's command line: tests/test_experiments_grid.py)
+    run_in_process(["train.json", "evaluate.json"], output_dir=finetuned["dir"], features=SMALL,
+                   task="lv", labelled_scans=1)
     summary = json.loads((finetuned["dir"] / "eval" / "lv_n1_seed0_summary.json").read_text())
     rows = (finetuned["dir"] / "eval" / "lv_n1_seed0_dice.csv").read_text().splitlines()
     assert rows[0] == "scan,dice" and len(rows) == 1 + summary["n"] == 5
@@ -170,12 +186,13 @@ def test_inference_through_onnxruntime_writes_torchs_masks(finetuned, tmp_path):
 
     image, _ = _raw_scan(tmp_path)
     masks = {}
-    for backend in ("torch", "onnxruntime"):
+    for backend in ("torch", "onnxruntime"):  # in this process (inference.json's command line: the test above)
         out = tmp_path / backend
-        proc = run_config("inference.json", dataset_dir=image.parent, output_dir=out,
-                          ckpt_path=finetuned["dir"] / "model.pt", features=SMALL, task="lv", cpu_backend=backend,
-                          cpu_bf16=False)
-        assert ("through ONNX Runtime" in proc.stdout + proc.stderr) is (backend == "onnxruntime")
+        with messages_of("bim") as said:
+            run_in_process("inference.json", dataset_dir=image.parent, output_dir=out,
+                           ckpt_path=finetuned["dir"] / "model.pt", features=SMALL, task="lv", cpu_backend=backend,
+                           cpu_bf16=False)
+        assert any("through ONNX Runtime" in line for line in said) is (backend == "onnxruntime")
         masks[backend] = np.asarray(nib.load(out / "case_seg.nii.gz").dataobj)
     assert masks["torch"].sum() > 0
     assert float((masks["torch"] == masks["onnxruntime"]).mean()) >= 0.9999
@@ -196,8 +213,18 @@ def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):
     with torch.no_grad():
         # TorchScript may fuse or order the sums otherwise: rounding of the longest conv sum at the logits' scale
         assert_close_to_scale(scripted.eval()(x), net.eval()(x), conv_reduction_length(net), "scripted vs eager")
-    proc = monai_bundle("verify_net_in_out", "network_def", "--meta_file", meta, "--config_file", cfg, env=env)
-    assert "verified with no error" in proc.stdout + proc.stderr
+    # MONAI's check in this process, as its command line calls it (the command line: ckpt_export's, above)
+    from monai.bundle import verify_net_in_out
+
+    purge_scripts()
+    sys.path.insert(1, str(BUNDLE))
+    try:
+        with messages_of("monai.bundle.scripts") as said:  # MONAI's own logger, which propagates nothing to the root
+            verify_net_in_out("network_def", meta_file=str(ROOT / meta), config_file=str(ROOT / cfg))
+    finally:
+        sys.path.remove(str(BUNDLE))
+        purge_scripts()
+    assert any("verified with no error" in line for line in said), said
 
 
 @pytest.mark.parametrize(
@@ -262,8 +289,10 @@ def test_resume_continues_the_same_run(tmp_path):
         "$@train#trainer.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate())",
         "$@train#trainer.run()",
     ], "imports": ["$import torch", "$import monai", "$import ignite"]}))
-    run_config("train.json", output_dir=tmp_path / "straight", **common)
-    run_config(["train.json", str(stop)], output_dir=tmp_path / "resumed", **common)
+    # the run never stopped and the stopped run in this process, as `monai.bundle run` runs them; the run started
+    # again is the command line's
+    run_in_process("train.json", output_dir=tmp_path / "straight", **common)
+    run_in_process(["train.json", str(stop)], output_dir=tmp_path / "resumed", **common)
     stopped = torch.load(tmp_path / "resumed" / "checkpoint_last.pt", weights_only=True)
     assert stopped["trainer"]["iteration"] == 4
     proc = run_config("train.json", output_dir=tmp_path / "resumed", **common)
@@ -287,7 +316,7 @@ def test_early_stopping_ends_the_run_after_patience_validations_without_gain(tmp
                      learning_rate=1e-12, bn_momentum=1e-12, task="lv")
     if patience is not None:
         overrides["early_stop_patience"] = patience
-    run_config("train.json", output_dir=tmp_path, **overrides)
+    run_in_process("train.json", output_dir=tmp_path, **overrides)  # in this process, as `monai.bundle run` runs it
     final = torch.load(tmp_path / "checkpoint_final.pt", weights_only=True)
     assert final["trainer"]["iteration"] == last_epoch * 2
     assert json.loads((tmp_path / "best_metric.json").read_text())["epoch"] == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bundle_helpers import BUNDLES, ROOT, bundle_run_command, run_bundle, workflow
+from bundle_helpers import BUNDLES, ROOT, bundle_run_command, purge_scripts_modules, run_bundle, run_workflow, workflow
 
 VARIANTS = sorted(p.stem for p in (BUNDLES / "pretrain_bim" / "configs" / "variants").glob("*.json"))
 TINY = dict(epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2, log_every=1, panel_every=100, save_every=100,
@@ -51,16 +51,19 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
     assert all(0 <= v["pooled_dice"] <= 1 and 0 <= v["per_scan_dice"] <= 1 for v in quality["classes"].values())
     assert "cluster quality on" in proc.stdout + proc.stderr
     # evaluate.json scores the final checkpoint on the test scans; the validation score above comes out again
-    run_bundle("pretrain_bim", ["train.json", "evaluate.json"], dataset_dir=demo_dataset, output_dir=out,
-               cluster_quality_split="validation")
+    # (in this process, as `monai.bundle run` runs them: the command line is tested by the training run above and,
+    # for path_dependence.json, by the dense_level test)
+    data = dict(dataset_dir=str(demo_dataset), output_dir=str(out))
+    run_workflow("pretrain_bim", ["train.json", "evaluate.json"], **data, cluster_quality_split="validation")
     again = json.loads((out / "cluster_quality_validation.json").read_text())
     for name, v in quality["classes"].items():
         assert again["classes"][name]["pooled_dice"] == pytest.approx(v["pooled_dice"], abs=1e-6)
-    run_bundle("pretrain_bim", ["train.json", "evaluate.json"], dataset_dir=demo_dataset, output_dir=out)
+    run_workflow("pretrain_bim", ["train.json", "evaluate.json"], **data)
     assert json.loads((out / "cluster_quality_test.json").read_text())["split"] == "test"
     # path_dependence.json: for each encoder level, the share of pixels whose cluster changes without its spatial
     # information, and the cluster scores then
-    run_bundle("pretrain_bim", ["train.json", "path_dependence.json"], dataset_dir=demo_dataset, output_dir=out)
+    run_workflow("pretrain_bim", ["train.json", "path_dependence.json"], **data)
+    purge_scripts_modules()
     paths = json.loads((out / "path_dependence_validation.json").read_text())
     assert paths["split"] == "validation" and paths["scans"] == quality["scans"] and set(paths["levels"]) == set("01234")
     assert all(0 <= v["changed"] <= 1 and 0 <= v["changed_in_structures"] <= 1 and set(v["pooled_dice"]) == {"RV", "Myo", "LV"}
@@ -108,8 +111,11 @@ def test_same_seed_gives_identical_losses_on_cpu(demo_dataset, tmp_path):
 def test_killed_run_resumes_to_the_same_weights(demo_dataset, tmp_path):
     common = dict(dataset_dir=demo_dataset, epochs=2, iters_per_epoch=5, crop_size=64, scans_per_batch=2,
                   save_every=2, panel_every=100, progress_bar=False, features=[8, 8, 16, 16, 32, 8], num_clusters=10)
+    # the uninterrupted run in this process, as `monai.bundle run` runs it; the killed and resumed runs are the
+    # command line's
     reference = tmp_path / "uninterrupted"
-    run_bundle("pretrain_bim", "train.json", output_dir=reference, **common)
+    run_workflow("pretrain_bim", "train.json", output_dir=str(reference), **{**common, "dataset_dir": str(demo_dataset)})
+    purge_scripts_modules()
 
     resumed = tmp_path / "interrupted"
     cmd = bundle_run_command("pretrain_bim", "train.json", output_dir=resumed, **common)
@@ -177,8 +183,8 @@ def test_benchmark_profiles_the_step_and_writes_the_operator_table(demo_dataset,
 def test_dense_level_clusters_a_deeper_decoder_block_and_scores_it_at_the_image_resolution(demo_dataset, tmp_path):
     # dense_level 2: the cluster head on upcat_2 (half resolution); the panel and the scores upsample its map
     out = tmp_path / "run"
-    run_bundle("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=demo_dataset, output_dir=out,
-               **{**TINY, "panel_every": 2, "iters_per_epoch": 2, "dense_level": 2})
+    run_workflow("pretrain_bim", ["train.json", "variants/ours_mi_cc.json"], dataset_dir=str(demo_dataset),
+                 output_dir=str(out), **{**TINY, "panel_every": 2, "iters_per_epoch": 2, "dense_level": 2})
     state = torch.load(out / "checkpoint_final.pt", weights_only=True)["network"]
     assert state["cluster_net.cluster_head.heads.0.weight"].shape[1] == TINY["features"][1]  # upcat_2's width
     from PIL import Image

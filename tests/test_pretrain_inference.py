@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bundle_helpers import BUNDLES, purge_scripts_modules, run_bundle, workflow
+from bundle_helpers import BUNDLES, purge_scripts_modules, run_bundle, run_workflow, workflow
 
 BUNDLE = BUNDLES / "pretrain_bim"
 CONFIGS = BUNDLE / "configs"
@@ -25,9 +25,11 @@ K = 40
 @pytest.fixture(scope="module")
 def pretrained(demo_dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrain")
-    run_bundle("pretrain_bim", "train.json", dataset_dir=demo_dataset, output_dir=out, epochs=1, iters_per_epoch=2,
-               crop_size=64, scans_per_batch=2, panel_every=100, save_every=100, progress_bar=False,
-               cluster_quality=False, features="[8,16,32,64,128,8]", num_subheads=2)
+    # in this process, as `monai.bundle run` runs it (the command line: tests/test_pretrain_bundle.py)
+    run_workflow("pretrain_bim", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), epochs=1,
+                 iters_per_epoch=2, crop_size=64, scans_per_batch=2, panel_every=100, save_every=100, progress_bar=False,
+                 cluster_quality=False, features=list(SMALL), num_subheads=2)
+    purge_scripts_modules()
     return out
 
 
