@@ -37,11 +37,29 @@ def workflow(bundle: str, config_files, workflow_type: str = "train", **override
 
 def run_workflow(bundle: str, config_files, workflow_type: str = "train", **overrides):
     """What ``monai.bundle run`` does with a bundle's configs (initialise, run, finalise), in this process: for runs
-    whose point is the configs' work, not the command line, saving the start of a fresh interpreter."""
+    whose point is the configs' work, not the command line, saving the start of a fresh interpreter. The bundle's
+    ``scripts`` package is forgotten afterwards."""
     wf = workflow(bundle, config_files, workflow_type=workflow_type, **overrides)
-    wf.run()
-    wf.finalize()
+    try:
+        wf.run()
+        wf.finalize()
+    finally:
+        purge_scripts_modules()
     return wf
+
+
+def tool_in_process(script: str, *args) -> None:
+    """``python tools/<script> args...`` in this process: its arguments parsed by fire as its ``__main__`` does (one
+    start of python less; each tool's command line keeps a test of its own as a process)."""
+    import importlib.util
+
+    import fire
+
+    tool = ROOT / "tools" / script
+    spec = importlib.util.spec_from_file_location(f"_tool_{tool.stem}", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fire.Fire(module.main, command=[str(a) for a in args], name=script)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bim.pretrain import cluster_quality as CQ
+from bundle_helpers import tool_in_process
 best_cluster_dice, cluster_quality, contingency = CQ.best_cluster_dice, CQ.cluster_quality, CQ.contingency
 normalised_mutual_information, many_to_one_dice = CQ.normalised_mutual_information, CQ.many_to_one_dice
 
@@ -165,25 +166,11 @@ def _run_tool(script: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
-def _tool_in_process(script: str, *args) -> None:
-    """``python tools/<script> args...``, its arguments parsed by fire as its ``__main__`` does, in this process (one
-    start of python less; each tool's command line runs in one test as a process of its own)."""
-    import importlib.util
-
-    import fire
-
-    tool = Path(__file__).resolve().parents[1] / "tools" / script
-    spec = importlib.util.spec_from_file_location(f"_tool_{tool.stem}", tool)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fire.Fire(module.main, command=[str(a) for a in args], name=script)
-
-
 def _tool_refusal(script: str, *args) -> str:
-    """The message that ``python tools/<script> args...`` exits with (``_tool_in_process``): a refusal of bad
+    """The message that ``python tools/<script> args...`` exits with (``tool_in_process``): a refusal of bad
     arguments, which stops before any work."""
     with pytest.raises(SystemExit) as stop:
-        _tool_in_process(script, *args)
+        tool_in_process(script, *args)
     assert stop.value.code not in (0, None), f"{script} {args}: exited with status {stop.value.code!r}"
     return str(stop.value.code)
 
@@ -261,7 +248,7 @@ def test_a_context_clustering_separates_a_myocardium_from_other_muscle_of_its_in
 
 def test_the_context_reference_tool_scores_a_data_sets_labelled_scans(demo_dataset, tmp_path):
     out = tmp_path / "reference.json"  # (the tool's command line: the intensity reference test above)
-    _tool_in_process("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8,
+    tool_in_process("cluster_reference.py", "--dataset_dir", demo_dataset, "--num_clusters", 8,
                      "--context_sigmas", "2,4", "--out", out)
     result = json.loads(out.read_text())
     assert result == CQ.intensity_reference(demo_dataset, "validation", 8, context_sigmas=(2.0, 4.0))

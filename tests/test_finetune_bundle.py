@@ -20,7 +20,7 @@ import torch
 from tolerance import assert_close_to_scale, conv_reduction_length
 
 from bim.onnx_cpu import onnxruntime_available
-from bundle_helpers import messages_of
+from bundle_helpers import messages_of, purge_scripts_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "bundles" / "finetune_seg"
@@ -54,15 +54,7 @@ def run_in_process(configs, **overrides):
     from bundle_helpers import run_workflow
 
     values = {k: list(SMALL_TUPLE) if v == SMALL else str(v) if isinstance(v, Path) else v for k, v in overrides.items()}
-    try:
-        return run_workflow("finetune_seg", configs, **values)
-    finally:
-        purge_scripts()
-
-
-def purge_scripts() -> None:
-    for name in [m for m in sys.modules if m == "scripts" or m.startswith("scripts.")]:
-        del sys.modules[name]
+    return run_workflow("finetune_seg", configs, **values)
 
 
 FAST = dict(features=SMALL, crop_size=96, batch_size=8, progress_bar=False, log_every=25)
@@ -72,13 +64,12 @@ FAST = dict(features=SMALL, crop_size=96, batch_size=8, progress_bar=False, log_
 def pretrained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrain")
     # in this process, as `monai.bundle run` runs it (pretrain_bim's command line: tests/test_pretrain_bundle.py)
-    from bundle_helpers import purge_scripts_modules, run_workflow
+    from bundle_helpers import run_workflow
 
     run_workflow("pretrain_bim", "train.json", output_dir=str(out), epochs=1, iters_per_epoch=4, crop_size=64,
                  scans_per_batch=2, features=list(SMALL_TUPLE), progress_bar=False, panel_every=1000,
                  # MONAI's U-Net: usable after the few CPU iterations of these tests (the authors' style needs longer)
                  unet_style="monai")
-    purge_scripts_modules()
     assert (out / "model.pt").is_file()
     return out / "model.pt"
 
@@ -131,7 +122,7 @@ def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
     # the same evaluation in-process (ConfigWorkflow, as MONAI's run() does it), saving a subprocess start
     from monai.bundle import ConfigWorkflow
 
-    purge_scripts()
+    purge_scripts_modules()
     sys.path.insert(1, str(BUNDLE))
     try:
         wf = ConfigWorkflow(config_file=[str(CONFIGS / "train.json"), str(CONFIGS / "evaluate.json")],
@@ -141,7 +132,7 @@ def test_finetuned_beats_untrained_on_test_scans(finetuned, tmp_path):
         wf.run()
     finally:
         sys.path.remove(str(BUNDLE))
-        purge_scripts()
+        purge_scripts_modules()
     base = json.loads((untrained / "eval" / "lv_n1_seed0_summary.json").read_text())
     print(f"test Dice: fine-tuned {summary['mean']:.3f}, untrained {base['mean']:.3f}")
     assert summary["mean"] > base["mean"] + 0.2, (summary, base)
@@ -216,14 +207,14 @@ def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):
     # MONAI's check in this process, as its command line calls it (the command line: ckpt_export's, above)
     from monai.bundle import verify_net_in_out
 
-    purge_scripts()
+    purge_scripts_modules()
     sys.path.insert(1, str(BUNDLE))
     try:
         with messages_of("monai.bundle.scripts") as said:  # MONAI's own logger, which propagates nothing to the root
             verify_net_in_out("network_def", meta_file=str(ROOT / meta), config_file=str(ROOT / cfg))
     finally:
         sys.path.remove(str(BUNDLE))
-        purge_scripts()
+        purge_scripts_modules()
     assert any("verified with no error" in line for line in said), said
 
 
@@ -239,7 +230,7 @@ def test_torchscript_export_and_verify_net_in_out(finetuned, tmp_path):
 def test_bundle_properties(configs, workflow_type, overrides, finetuned, tmp_path):
     from monai.bundle import ConfigWorkflow
 
-    purge_scripts()
+    purge_scripts_modules()
     sys.path.insert(1, str(BUNDLE))
     try:
         files = [str(CONFIGS / c) for c in configs]
@@ -254,13 +245,13 @@ def test_bundle_properties(configs, workflow_type, overrides, finetuned, tmp_pat
         assert wf.check_properties() == []
     finally:
         sys.path.remove(str(BUNDLE))
-        purge_scripts()
+        purge_scripts_modules()
 
 
 def test_unknown_task_fails_with_a_clear_error():
     from monai.bundle import ConfigParser
 
-    purge_scripts()
+    purge_scripts_modules()
     sys.path.insert(1, str(BUNDLE))
     try:
         for config in ("train.json", "inference.json"):
@@ -276,7 +267,7 @@ def test_unknown_task_fails_with_a_clear_error():
             assert "unknown task 'liver'; choose one of ['acdc', 'lv', 'myo', 'prostate', 'rv']" in "\n".join(chain)
     finally:
         sys.path.remove(str(BUNDLE))
-        purge_scripts()
+        purge_scripts_modules()
 
 
 def test_resume_continues_the_same_run(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bundle_helpers import purge_scripts_modules, run_bundle, run_workflow, workflow
+from bundle_helpers import run_bundle, run_workflow, workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "[4,8,16,32,64,4]"
@@ -67,7 +67,6 @@ def test_evaluate_and_inference_as_finetune_seg(mean_teacher_run, demo_dataset, 
     # evaluate.json in this process, as `monai.bundle run` runs it; inference.json below through the command line
     run_workflow("meanteacher_seg", ["train.json", "evaluate.json"], output_dir=str(out),
                  dataset_dir=str(demo_dataset), features=list(SMALL_TUPLE))
-    purge_scripts_modules()
     summary = json.loads((out / "eval" / "lv_n1_seed0_summary.json").read_text())
     rows = (out / "eval" / "lv_n1_seed0_dice.csv").read_text().splitlines()
     assert rows[0] == "scan,dice" and len(rows) == 1 + summary["n"] and summary["n"] >= 1

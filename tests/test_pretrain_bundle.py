@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bundle_helpers import BUNDLES, ROOT, bundle_run_command, purge_scripts_modules, run_bundle, run_workflow, workflow
+from bundle_helpers import BUNDLES, ROOT, bundle_run_command, run_bundle, run_workflow, workflow
 
 VARIANTS = sorted(p.stem for p in (BUNDLES / "pretrain_bim" / "configs" / "variants").glob("*.json"))
 TINY = dict(epochs=1, iters_per_epoch=2, crop_size=64, scans_per_batch=2, log_every=1, panel_every=100, save_every=100,
@@ -63,7 +63,6 @@ def test_bundle_runs_end_to_end_and_writes_weights_and_cluster_panel(demo_datase
     # path_dependence.json: for each encoder level, the share of pixels whose cluster changes without its spatial
     # information, and the cluster scores then
     run_workflow("pretrain_bim", ["train.json", "path_dependence.json"], **data)
-    purge_scripts_modules()
     paths = json.loads((out / "path_dependence_validation.json").read_text())
     assert paths["split"] == "validation" and paths["scans"] == quality["scans"] and set(paths["levels"]) == set("01234")
     assert all(0 <= v["changed"] <= 1 and 0 <= v["changed_in_structures"] <= 1 and set(v["pooled_dice"]) == {"RV", "Myo", "LV"}
@@ -115,7 +114,6 @@ def test_killed_run_resumes_to_the_same_weights(demo_dataset, tmp_path):
     # command line's
     reference = tmp_path / "uninterrupted"
     run_workflow("pretrain_bim", "train.json", output_dir=str(reference), **{**common, "dataset_dir": str(demo_dataset)})
-    purge_scripts_modules()
 
     resumed = tmp_path / "interrupted"
     cmd = bundle_run_command("pretrain_bim", "train.json", output_dir=resumed, **common)

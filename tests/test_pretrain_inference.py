@@ -29,7 +29,6 @@ def pretrained(demo_dataset, tmp_path_factory) -> Path:
     run_workflow("pretrain_bim", "train.json", dataset_dir=str(demo_dataset), output_dir=str(out), epochs=1,
                  iters_per_epoch=2, crop_size=64, scans_per_batch=2, panel_every=100, save_every=100, progress_bar=False,
                  cluster_quality=False, features=list(SMALL), num_subheads=2)
-    purge_scripts_modules()
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bundle_helpers import ROOT
+from bundle_helpers import ROOT, tool_in_process
 
 TINY = ["--iterations", "2", "--warmup", "1", "--scans_per_batch", "1", "--crop_size", "64", "--num_subheads", "1"]
 
@@ -181,12 +181,9 @@ def test_benchmark_meanteacher_times_the_methods_step_and_counts_its_student_ima
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         stdout = proc.stdout
-    else:  # the same flags parsed by fire as the tool's __main__ does, in this process (one start of python less)
-        import benchmark_meanteacher
-        import fire
-
+    else:  # the same flags in this process
         capsys.readouterr()
-        fire.Fire(benchmark_meanteacher.main, command=args, name="benchmark_meanteacher.py")
+        tool_in_process("benchmark_meanteacher.py", *args)
         stdout = capsys.readouterr().out
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["method"] == method and result["ms_per_step"] > 0
