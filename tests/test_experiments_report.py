@@ -196,3 +196,23 @@ def test_an_ablation_run_whose_pre_training_a_tagged_grid_changed_is_not_the_pap
     assert f'| alpha with {edge} | 0.5 |\n|---|---|\n| LV, 1 scan, ours | **90.00** (0.00, n=1) |\n\n' in text
     assert "| LV, 1 scan, paper | 84.04 |" in text  # the untagged alpha cell keeps the paper's row
     assert text.count("LV, 1 scan, paper") == 2  # alpha and K, not the changed cells
+
+
+def test_a_long_legend_gets_room_of_its_own_and_leaves_the_panels_their_height(tmp_path):
+    from experiments.figures import dice_vs_scans_figure
+
+    def panel_heights(methods: int) -> list[float]:
+        rows = [{"name": f"m{i}_{n}", "kind": "finetune", "method": f"Method {i}", "init": "random", "task": "lv",
+                 "labelled_scans": n, "seed": 0, "lr": 1e-4, "paper_lr": 1e-4, "val_dice": 0.5,
+                 "test_dice": 0.5 + i / 100, "gpu": "NVIDIA H200", "wall_s": 1.0}
+                for i in range(methods) for n in (1, 2)]
+        fig = dice_vs_scans_figure(rows, "legend")
+        fig.canvas.draw()
+        legend_top = fig.legends[0].get_window_extent().y1
+        heights = [ax.get_window_extent().height / fig.dpi for ax in fig.axes]
+        assert all(ax.get_tightbbox().y0 >= legend_top for ax in fig.axes)  # the legend covers no panel
+        return heights
+
+    few, many = panel_heights(2), panel_heights(32)
+    assert len(few) == len(many) == 1
+    assert many[0] > 0.9 * few[0] > 1.5  # inches: 32 methods in the legend do not shrink the panel

@@ -1,5 +1,5 @@
-"""A report's figures (PNG, 64 colours): test Dice against labelled scans, the pre-trainings' cluster maps side by side
-(as the paper's Figure 3), and the ablations beside the paper's."""
+"""A report's figures (PNG, 32 or 64 colours): test Dice against labelled scans, the pre-trainings' cluster maps side
+by side (as the paper's Figure 3), and the ablations beside the paper's."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from .tables import table
 from .vocabulary import TASK_COLUMNS, TASK_NAMES, ablation_label
 
 
-def _save(fig, path: Path) -> Path:
-    """``fig`` as a 64-colour PNG (small enough to commit), written atomically."""
+def _save(fig, path: Path, colours: int = 64, dpi: int = 90) -> Path:
+    """``fig`` as a PNG of ``colours`` colours (small enough to commit), written atomically."""
     from PIL import Image
 
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
-        Image.open(tmp).convert("RGB").quantize(64).save(tmp, format="PNG", optimize=True)
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+        Image.open(tmp).convert("RGB").quantize(colours).save(tmp, format="PNG", optimize=True)
     return path
 
 
@@ -41,7 +41,12 @@ def dice_vs_scans_figure(rows: list[dict], title: str):
     if not tasks:
         return None
     styles = method_styles(methods)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+    plotted = [m for m in methods if any((m, *c) in cells for c in columns)]
+    # the legend gets rows of its own below the panels, so a long list of methods does not squash them
+    legend_rows = 1 + (len(plotted) - 1) // 4
+    legend_in = 0.25 + 0.16 * legend_rows
+    height = 3.6 + legend_in
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), height), squeeze=False)
     names = dict(TASK_COLUMNS)
     for ax, task in zip(axes[0], tasks):
         for m in methods:
@@ -58,9 +63,8 @@ def dice_vs_scans_figure(rows: list[dict], title: str):
     for ax in axes[0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
-    legend_rows = 1 + (len(handles) - 1) // 4
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06 * legend_rows + 0.02, 1, 1))
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1))
     fig.legend(handles.values(), handles.keys(), fontsize=8, loc="lower center", ncol=min(4, len(handles)))
     return fig
 
@@ -72,7 +76,7 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     fig = dice_vs_scans_figure(rows, title)
     if fig is None:
         return None
-    out = _save(fig, path)
+    out = _save(fig, path, colours=32, dpi=75)  # ten line colours, their antialiased edges and the greys
     plt.close(fig)
     return out
 
