@@ -216,3 +216,25 @@ def test_a_long_legend_gets_room_of_its_own_and_leaves_the_panels_their_height(t
     few, many = panel_heights(2), panel_heights(32)
     assert len(few) == len(many) == 1
     assert many[0] > 0.9 * few[0] > 1.5  # inches: 32 methods in the legend do not shrink the panel
+
+
+def test_the_seeds_of_one_pre_training_setting_and_the_pages_protocol_make_no_cell_of_their_own():
+    """Pre-trainings that differ only in their seed repeat one setting: one cell. Overrides every run of a page
+    shares (its ``pretrain_protocol``, 5,000 iterations) are no change either: the paper's row stays beside them."""
+    from experiments.sections import ablation_rows, ablation_tables
+
+    def row(value, seed, test, overrides):
+        return {"ablation": "alpha", "ablation_value": value, "task": "lv", "labelled_scans": 1, "test_dice": test,
+                "init": f"pre_alpha{value}_ps{seed}", "variant": "ours_mi_cc", "pretrain_overrides": overrides}
+
+    short = '{"epochs": 25, "warmup_epochs": 5}'
+    rows = [row(0.5, 0, 0.70, short), row(0.5, 1, 0.80, '{"epochs": 25, "seed": 1, "warmup_epochs": 5}'),
+            row(0.25, 2, 0.60, '{"seed": 2, "warmup_epochs": 5, "epochs": 25}')]
+    alone = ablation_rows(rows)
+    assert list(alone) == [(f"alpha with {short}", "lv", 1)]
+    assert [(p[0], round(p[1], 6), p[3]) for p in alone[(f"alpha with {short}", "lv", 1)]] == [(0.25, 60.0, 1),
+                                                                                                (0.5, 75.0, 2)]
+    on_page = ablation_rows(rows, {"epochs": 25, "warmup_epochs": 5})
+    assert list(on_page) == [("alpha", "lv", 1)]
+    text = "\n".join(ablation_tables(on_page))
+    assert "| LV, 1 scan, paper | 84.36 | 84.04 |" in text and "| LV, 1 scan, each pre-training | 60.00 | 70.00 / 80.00 |" in text

@@ -12,6 +12,9 @@ from .tables import table
 from .vocabulary import TASK_COLUMNS, TASK_NAMES, ablation_label
 
 
+LINE_PLOT = {"colours": 32, "dpi": 75}  # line plots: ten line colours, their antialiased edges and the greys
+
+
 def _save(fig, path: Path, colours: int = 64, dpi: int = 90) -> Path:
     """``fig`` as a PNG of ``colours`` colours (small enough to commit), written atomically."""
     from PIL import Image
@@ -76,7 +79,7 @@ def plot_dice_vs_scans(rows: list[dict], path: Path, title: str) -> Path | None:
     fig = dice_vs_scans_figure(rows, title)
     if fig is None:
         return None
-    out = _save(fig, path, colours=32, dpi=75)  # ten line colours, their antialiased edges and the greys
+    out = _save(fig, path, **LINE_PLOT)
     plt.close(fig)
     return out
 
@@ -162,6 +165,6 @@ def plot_ablations(abl: dict, path: Path) -> Path | None:
         ax.set_ylabel("test 3D Dice x 100")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    out = _save(fig, path)
+    out = _save(fig, path, **LINE_PLOT)
     plt.close(fig)
     return out

@@ -35,7 +35,9 @@ class ReportSpec:
     the LR-choice table. ``order_against``: another report's ``table_cells.json`` (named ``order_against_name``) whose
     row order each table is also counted against. ``tags``: what each tag was for. ``panels_note``: markdown closing
     the cluster maps' section. ``renamed``: ``{old: new}`` pre-training names as the page shows them (with the
-    fine-tunes' ``init``; a renamed pre-training's tag keeps what precedes a comma), the CSVs unchanged."""
+    fine-tunes' ``init``; a renamed pre-training's tag keeps what precedes a comma), the CSVs unchanged.
+    ``pretrain_protocol``: pre-training overrides every ablation run of the page shares (``{"epochs": 25}`` for a
+    page at 5,000 iterations), which do not make its cells another pre-training's."""
 
     csvs: list
     title: str = "Results"
@@ -53,6 +55,7 @@ class ReportSpec:
     tags: dict = field(default_factory=dict)
     panels_note: str = ""
     renamed: dict = field(default_factory=dict)
+    pretrain_protocol: dict = field(default_factory=dict)
 
 
 def load_spec(folder) -> ReportSpec:
@@ -168,7 +171,7 @@ def per_scan_sections(spec: ReportSpec, seg: list[dict]) -> list[str]:
 def pretraining_sections(spec: ReportSpec, rows: list[dict], seg: list[dict], out: Path) -> tuple[list[str], list]:
     """The ablation tables and figure, the cluster maps and the cluster quality; (markdown, PNGs written)."""
     md, written = [], []
-    abl = ablation_rows(select(seg, "paper", spec.paper_lr))
+    abl = ablation_rows(select(seg, "paper", spec.paper_lr), spec.pretrain_protocol)
     if abl:
         md += ["## Ablations (paper-LR protocol)", "",
                "Each value of a hyper-parameter is its own pre-training, fine-tuned per seed; mean (std over seeds, "

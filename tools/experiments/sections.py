@@ -525,23 +525,36 @@ def _ablated_variant(r: dict) -> str:
     return variant or "full"
 
 
-def ablation_rows(rows: list[dict]) -> dict:
+def pretraining_change(overrides: str | None, protocol: dict | None = None) -> str:
+    """The part of a run's ``pretrain_overrides`` (JSON) that changes its pre-training's setting, as sorted JSON ('' for
+    none): without ``seed`` (the seeds of a setting repeat it) and without the values of ``protocol``, the overrides a
+    page's every run shares (``ReportSpec.pretrain_protocol``)."""
+    if not overrides:
+        return ""
+    protocol = protocol or {}
+    changes = {k: v for k, v in json.loads(overrides).items()
+               if k != "seed" and (k not in protocol or protocol[k] != v)}
+    return json.dumps(changes, sort_keys=True) if changes else ""
+
+
+def ablation_rows(rows: list[dict], protocol: dict | None = None) -> dict:
     """(ablation key, task, labelled scans) -> sorted [(value, mean x 100, std x 100, n, shared_from,
     by_pretraining)] over the seeds of the ablation runs. The ablations share one default point
     (``experiments.ablation_defaults`` of the variant) and the grid runs it once, under the first key: a run of key
     k at k's default v also stands for the default of every other key k2, in a cell (k2, task, labelled scans) that
     has runs of its own but none at k2's default; ``shared_from`` is then (k, v) (the first such key of
-    ``ABLATIONS``' order), else (). Runs of a tagged grid that changed the pre-training (``pretrain_overrides``) are
-    cells of their own, keyed ``k`` + ``CHANGED_ABLATION`` + the changes, and share their default point only among
-    themselves. ``by_pretraining``: the mean x 100 of each pre-training's runs (its ``init``),
-    in the order first met, so that a value pre-trained twice shows how far two pre-trainings differ."""
+    ``ABLATIONS``' order), else (). Runs of a tagged grid that changed the pre-training (``pretrain_overrides`` beyond
+    its seed and the page's ``protocol``, :func:`pretraining_change`) are cells of their own, keyed ``k`` +
+    ``CHANGED_ABLATION`` + the changes, and share their default point only among themselves. ``by_pretraining``: the
+    mean x 100 of each pre-training's runs (its ``init``), in the order first met, so that a value pre-trained twice
+    shows how far two pre-trainings differ."""
 
     order, defaults_of = list(ABLATIONS), {}
     values, shared = defaultdict(list), defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.get("ablation") and r.get("ablation_value") not in (None, ""):
             base, task, n, value = r["ablation"], r["task"], int(r["labelled_scans"]), float(r["ablation_value"])
-            changed = r.get("pretrain_overrides") or ""  # a tagged grid's other pre-training: a cell of its own
+            changed = pretraining_change(r.get("pretrain_overrides"), protocol)  # another pre-training: its own cell
             suffix = CHANGED_ABLATION + changed if changed else ""
             key, pretraining_dice = base + suffix, (r.get("init") or r.get("method"), 100.0 * r["test_dice"])
             values[(key, task, n, value)].append(pretraining_dice)
