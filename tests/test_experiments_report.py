@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -55,9 +57,11 @@ def test_the_summary_page_tables_match_the_committed_csvs():
     assert pages.regenerate(check=True) == []
 
 
-def test_a_protocol_page_matches_its_committed_csvs(tmp_path):
-    folder = pages.RESULTS / "promise12_paper_length"
-    shutil.copy(folder / "cluster_panels.png", tmp_path)  # drawn from pre-training folders that are not committed
+@pytest.mark.parametrize("page", pages.PAGES)
+def test_a_protocol_page_matches_its_committed_csvs(tmp_path, page):
+    folder = pages.RESULTS / page
+    for panel in folder.glob("cluster_panels*.png"):  # drawn from pre-training folders that are not committed
+        shutil.copy(panel, tmp_path)
     written = write_report(load_spec(folder), tmp_path)
     assert written[0].read_text() == (folder / "README.md").read_text()
     assert written[1].read_text() == (folder / "table_cells.json").read_text()
