@@ -242,3 +242,55 @@ def test_the_seeds_of_one_pre_training_setting_and_the_pages_protocol_make_no_ce
     assert list(on_page) == [("alpha", "lv", 1)]
     text = "\n".join(ablation_tables(on_page))
     assert "| LV, 1 scan, paper | 84.36 | 84.04 |" in text and "| LV, 1 scan, each pre-training | 60.00 | 70.00 / 80.00 |" in text
+
+
+def _ab_rows(tag: str, cluster: float, dice: dict[int, float], seeds=(1, 2)) -> list[dict]:
+    """Rows as ``read_rows`` gives them: one pre-training per seed (every structure's best cluster ``cluster``) and
+    its fine-tunes at 1 scan, validation Dice ``dice[seed]`` and test Dice 0.1 above."""
+    rows = []
+    for s in seeds:
+        rows.append({"name": f"pre_{tag}_ps{s}", "kind": "pretrain", "cq_LV": str(cluster), "cq_Myo": str(cluster / 2),
+                     "cq_RV": str(cluster)})
+        rows += [{"name": f"ft_{tag}_{t}_s{s}", "kind": "finetune", "method": f"Ours (Dec) MI+CC [{tag}]",
+                  "init": f"pre_{tag}_ps{s}", "task": t, "labelled_scans": 1, "seed": s, "val_dice": dice[s],
+                  "test_dice": dice[s] + 0.1} for t in ("lv", "rv", "myo")]
+    return rows
+
+
+def test_an_ab_comparison_pairs_the_split_seeds_both_settings_ran():
+    from experiments.sections import ab_comparison
+    from experiments.vocabulary import ExperimentError
+
+    candidate = _ab_rows("new", 0.8, {1: 0.7, 2: 0.5, 3: 0.9}, seeds=(1, 2, 3))
+    reference = _ab_rows("old", 0.6, {1: 0.6, 2: 0.3})
+    md = ab_comparison(candidate, reference, ("new", "old"))
+    assert md[2] == "| seed 1, new | 80.0 / 40.0 / 80.0 | 70.0 / 70.0 / 70.0 (70.0) | 80.0 / 80.0 / 80.0 (80.0) |"
+    assert "| mean, new | 80.0 / 40.0 / 80.0 | 60.0 / 60.0 / 60.0 (60.0) | 70.0 / 70.0 / 70.0 (70.0) |" in md
+    assert "| mean, old | 60.0 / 30.0 / 60.0 | 45.0 / 45.0 / 45.0 (45.0) | 55.0 / 55.0 / 55.0 (55.0) |" in md
+    assert md[-1] == ("new against old (seeds 1, 2, 1 labelled scan): validation +15.0 (seed 1 +10.0, seed 2 "
+                      "+20.0), test +15.0.")  # seed 3, which only the candidate ran, is left out
+    with pytest.raises(ExperimentError, match="two runs of lv"):
+        ab_comparison(candidate + [dict(candidate[1], name="ft_new_lv_s1_lr5e-4")], reference, ("new", "old"))
+    with pytest.raises(ExperimentError, match="no split seed"):
+        ab_comparison(candidate, reference, ("new", "old"), labelled_scans=2)
+
+
+@pytest.mark.parametrize("csv_name, names, heading, gap", [
+    ("masked_joint_paper_length", "masked joint,defaults", "## The masked joint at paper length",
+     "validation +6.2 (seed 1 +3.6, seed 2 +8.8), test +5.0."),
+    ("cc_p_hat_sobel_paper_length", "p̂ + Sobel,defaults", "## L_CC on one map with Sobel edges at paper length",
+     "validation +1.8 (seed 1 -2.8, seed 2 +6.4), test +0.2.")])
+def test_the_compare_command_prints_the_authors_options_pages_ab_tables(capsys, csv_name, names, heading, gap):
+    """The page's A/B tables are the ``compare`` command's output from the committed CSVs."""
+    from experiments.cli import CLI
+    from experiments.vocabulary import ExperimentError
+
+    page = pages.RESULTS / "acdc_authors_options"
+    candidate, reference = str(page / f"{csv_name}.csv.gz"), str(page / "fp32_grid_decoder_rows.csv.gz")
+    CLI().compare(candidate, reference, names=names)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1].endswith(gap)
+    section = (page / "README.md").read_text().split(heading)[1].split("\n## ")[0]
+    assert "\n".join(printed[:8]) in section
+    with pytest.raises(ExperimentError, match="two labels"):
+        CLI().compare(candidate, reference, names="one label")

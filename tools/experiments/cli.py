@@ -6,6 +6,7 @@
     python tools/experiments.py collect runs/acdc_paper                 # -> runs/acdc_paper/results.csv
     python tools/experiments.py report runs/acdc_paper/results.csv --out_dir runs/acdc_paper/report
     python tools/experiments.py pages                                   # regenerate docs/results from its CSVs
+    python tools/experiments.py compare runs/mask/results.csv docs/results/acdc_authors_options/fp32_grid_decoder_rows.csv.gz
 
 ``run`` resumes: a run whose folder holds a ``result.json`` is skipped. ``--select`` narrows a preset
 (``tasks``, ``counts``, ``seeds``, ``lrs``, ``methods``, ``only``, ``mt_weights``; ``pretrain_per_seed`` true: one
@@ -27,6 +28,7 @@ from .grid import build_grid
 from .pages import regenerate
 from .report import ReportSpec, load_spec, write_report
 from .runner import run_grid
+from .sections import ab_comparison
 from .tables import read_rows
 from .vocabulary import PRESETS, ExperimentError
 
@@ -104,6 +106,17 @@ class CLI:
             print(("differs: " if check else "") + str(p))
         if check and stale:
             raise SystemExit(1)
+
+    def compare(self, candidate, reference, labelled_scans: int = 1, method: str | None = None,
+                names: str = "candidate,reference") -> None:
+        """Print the A/B table of two settings run on the same split seeds (CSVs, or lists of them): per seed and on
+        average, each one's best-cluster Dice and its fine-tunes' validation and test Dice at ``labelled_scans``
+        (of ``method`` when the CSVs hold several), then the candidate's difference on validation and test."""
+        labels = tuple(str(names).split(","))
+        if len(labels) != 2:
+            raise ExperimentError(f"names: expected two labels separated by a comma, got {names!r}")
+        candidate_rows, reference_rows = read_rows(_path_list(candidate)), read_rows(_path_list(reference))
+        print("\n".join(ab_comparison(candidate_rows, reference_rows, labels, int(labelled_scans), method)))
 
     def panels(self, csv_paths, out_png: str, ablations: bool = False) -> None:
         """Draw the cluster panels of the pre-trainings in results CSV(s) side by side (``runs/NAME/panels`` beside

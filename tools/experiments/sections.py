@@ -674,3 +674,67 @@ def _early_stop_summary(runs: list[tuple[dict, dict]]) -> str:
     stopped = sum(str(es.get("stopped")).lower() == "true" for _, es in runs)
     return f"{diff:+.1f} | {share} | {stopped} of {len(runs)}"
 
+
+
+AB_TASKS = ("lv", "myo", "rv", "prostate")  # the order of the results pages' A/B tables (LV / Myo / RV)
+
+
+def _ab_runs(rows: list[dict], labelled_scans: int, method: str | None) -> dict[int, dict]:
+    """split seed -> {"cluster": {task: best-cluster Dice x 100 of its pre-training}, "val" / "test": {task: Dice x
+    100}} of the fine-tunes at ``labelled_scans`` (of ``method``, its tag ignored, when given). Two runs of one cell
+    (LRs, early-stop lines) are ambiguous: an ``ExperimentError`` names them."""
+    pretrains = {r["name"]: r for r in rows if r.get("kind") == "pretrain"}
+    out: dict[int, dict] = {}
+    for r in rows:
+        if r.get("kind") == "pretrain" or r["labelled_scans"] != labelled_scans or r.get("ablation"):
+            continue
+        if method is not None and str(r["method"]).split(" [")[0] != method:
+            continue
+        seed = out.setdefault(r["seed"], {"cluster": {}, "val": {}, "test": {}, "runs": {}})
+        if r["task"] in seed["runs"]:
+            raise ExperimentError(f"two runs of {r['task']} at {labelled_scans} scans, seed {r['seed']}: "
+                                  f"{seed['runs'][r['task']]} and {r['name']}; narrow them with method or the CSVs")
+        seed["runs"][r["task"]] = r["name"]
+        seed["val"][r["task"]], seed["test"][r["task"]] = 100 * r["val_dice"], 100 * r["test_dice"]
+        cq = pretrains.get(r.get("init"), {}).get(f"cq_{TASK_NAMES[r['task']]}")
+        if cq not in (None, ""):
+            seed["cluster"][r["task"]] = 100 * float(cq)
+    return out
+
+
+def ab_comparison(candidate: list[dict], reference: list[dict], names: tuple[str, str], labelled_scans: int = 1,
+                  method: str | None = None) -> list[str]:
+    """Markdown lines: an A/B of two settings run on the same split seeds (pre-training s for split seed s), as the
+    results pages show it: per seed and as the mean over the seeds both have, each one's best-cluster Dice on the
+    validation scans and its fine-tunes' validation and test Dice x 100 per structure (with their mean), then the
+    candidate's difference of the means on validation and test."""
+    runs = [_ab_runs(candidate, labelled_scans, method), _ab_runs(reference, labelled_scans, method)]
+    seeds = sorted(set(runs[0]) & set(runs[1]))
+    if not seeds:
+        raise ExperimentError(f"no split seed has fine-tunes at {labelled_scans} scans in both: candidate "
+                              f"{sorted(runs[0])}, reference {sorted(runs[1])}")
+    tasks = [t for t in AB_TASKS if all(t in runs[i][s]["test"] for i in (0, 1) for s in seeds)]
+
+    def cells(values: dict, with_mean: bool) -> str:
+        text = " / ".join(f"{values[t]:.1f}" if t in values else "–" for t in tasks)
+        return text + (f" ({statistics.fmean(values[t] for t in tasks):.1f})" if with_mean else "")
+
+    md = [f"| run | best-cluster Dice (validation) | fine-tune, validation (mean) | fine-tune, test (mean) |",
+          "|---|---|---|---|"]
+    for s in seeds:
+        md += [f"| seed {s}, {names[i]} | {cells(runs[i][s]['cluster'], False)} | {cells(runs[i][s]['val'], True)} | "
+               f"{cells(runs[i][s]['test'], True)} |" for i in (0, 1)]
+    means = []
+    for i in (0, 1):
+        mean = {k: {t: statistics.fmean(runs[i][s][k][t] for s in seeds) for t in tasks
+                    if all(t in runs[i][s][k] for s in seeds)} for k in ("cluster", "val", "test")}
+        means.append(mean)
+        md.append(f"| mean, {names[i]} | {cells(mean['cluster'], False)} | {cells(mean['val'], True)} | "
+                  f"{cells(mean['test'], True)} |")
+    gap = {k: statistics.fmean(means[0][k][t] - means[1][k][t] for t in tasks) for k in ("val", "test")}
+    per_seed = ", ".join(f"seed {s} {statistics.fmean(runs[0][s]['val'][t] - runs[1][s]['val'][t] for t in tasks):+.1f}"
+                         for s in seeds)
+    md += ["", f"{names[0]} against {names[1]} (seeds {', '.join(map(str, seeds))}, {labelled_scans} labelled "
+               f"scan{'s' if labelled_scans > 1 else ''}): validation {gap['val']:+.1f} ({per_seed}), test "
+               f"{gap['test']:+.1f}."]
+    return md
