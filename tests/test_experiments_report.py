@@ -294,3 +294,16 @@ def test_the_compare_command_prints_the_authors_options_pages_ab_tables(capsys, 
     assert "\n".join(printed[:8]) in section
     with pytest.raises(ExperimentError, match="two labels"):
         CLI().compare(candidate, reference, names="one label")
+
+
+def test_figure_methods_narrow_the_figure_not_the_tables_and_must_be_rows(tmp_path):
+    from experiments.vocabulary import ExperimentError
+
+    csv_path = _write_csv(tmp_path / "results.csv", [
+        ("Baseline", 0, 1e-4, 0.5, 0.50), ("Contrast (Enc) + Ours (Dec)", 0, 1e-4, 0.5, 0.80)])
+    text = write_report(ReportSpec(csvs=[csv_path], paper_lr=1e-4, figure_methods=["Baseline"]),
+                        tmp_path / "out")[0].read_text()
+    assert "The figure draws Baseline; the tables above have every row." in text
+    assert "| Contrast (Enc) + Ours (Dec) | **80.00** |" in text  # the tables keep the row the figure leaves out
+    with pytest.raises(ExperimentError, match="figure_methods name \\['Nope'\\]"):
+        write_report(ReportSpec(csvs=[csv_path], paper_lr=1e-4, figure_methods=["Nope"]), tmp_path / "out2")

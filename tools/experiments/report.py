@@ -37,7 +37,8 @@ class ReportSpec:
     the cluster maps' section. ``renamed``: ``{old: new}`` pre-training names as the page shows them (with the
     fine-tunes' ``init``; a renamed pre-training's tag keeps what precedes a comma), the CSVs unchanged.
     ``pretrain_protocol``: pre-training overrides every ablation run of the page shares (``{"epochs": 25}`` for a
-    page at 5,000 iterations), which do not make its cells another pre-training's."""
+    page at 5,000 iterations), which do not make its cells another pre-training's. ``figure_methods``: the rows the
+    Dice-vs-scans figures draw (default: every row of the tables)."""
 
     csvs: list
     title: str = "Results"
@@ -56,6 +57,7 @@ class ReportSpec:
     panels_note: str = ""
     renamed: dict = field(default_factory=dict)
     pretrain_protocol: dict = field(default_factory=dict)
+    figure_methods: list | None = None
 
 
 def load_spec(folder) -> ReportSpec:
@@ -106,10 +108,10 @@ def report_rows(spec: ReportSpec) -> list[dict]:
 
 def _check_labels(spec: ReportSpec, labels: set) -> None:
     named = set(spec.pair_with) | {ref for m in spec.pair_with for ref in pair_references(spec.pair_with, m)}
-    named |= set(spec.per_scan_methods or ())
+    named |= set(spec.per_scan_methods or ()) | set(spec.figure_methods or ())
     if named - labels:
-        raise ExperimentError(f"pair_with / per_scan_methods name {sorted(named - labels)}, which are not rows of this "
-                              f"report; rows: {sorted(labels)}")
+        raise ExperimentError(f"pair_with / per_scan_methods / figure_methods name {sorted(named - labels)}, which are "
+                              f"not rows of this report; rows: {sorted(labels)}")
 
 
 def protocol_section(spec: ReportSpec, seg: list[dict], protocol: str, heading: str, out: Path):
@@ -136,9 +138,13 @@ def protocol_section(spec: ReportSpec, seg: list[dict], protocol: str, heading: 
     if protocol == "tuned":
         md += chosen_lr_lines(chosen, seg) + lr_choice_lines(seg, spec.lr_pools)
     md += chosen_weight_lines(chosen, candidates(seg, protocol, spec.paper_lr))
-    png = plot_dice_vs_scans(chosen, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
+    drawn = chosen if spec.figure_methods is None else [r for r in chosen if r["method"] in spec.figure_methods]
+    png = plot_dice_vs_scans(drawn, out / f"dice_vs_scans_{protocol}.png", heading.split(":")[0])
     if png:
         md += [f"![Dice vs labelled scans]({png.name})", ""]
+        if spec.figure_methods is not None:
+            md += [f"The figure draws {', '.join(m for m in methods if m in spec.figure_methods)}; the tables above "
+                   "have every row.", ""]
     return md, {k: v for k, v in cells.items() if k[0] in methods}, png
 
 
