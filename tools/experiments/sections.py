@@ -675,7 +675,6 @@ def _early_stop_summary(runs: list[tuple[dict, dict]]) -> str:
     return f"{diff:+.1f} | {share} | {stopped} of {len(runs)}"
 
 
-
 AB_TASKS = ("lv", "myo", "rv", "prostate")  # the order of the results pages' A/B tables (LV / Myo / RV)
 
 
@@ -719,7 +718,7 @@ def ab_comparison(candidate: list[dict], reference: list[dict], names: tuple[str
         text = " / ".join(f"{values[t]:.1f}" if t in values else "–" for t in tasks)
         return text + (f" ({statistics.fmean(values[t] for t in tasks):.1f})" if with_mean else "")
 
-    md = [f"| run | best-cluster Dice (validation) | fine-tune, validation (mean) | fine-tune, test (mean) |",
+    md = ["| run | best-cluster Dice (validation) | fine-tune, validation (mean) | fine-tune, test (mean) |",
           "|---|---|---|---|"]
     for s in seeds:
         md += [f"| seed {s}, {names[i]} | {cells(runs[i][s]['cluster'], False)} | {cells(runs[i][s]['val'], True)} | "
